@@ -1,0 +1,50 @@
+"""Helpers shared by the benchmark scripts (not part of the library)."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import subnetact
+
+
+def spanning_subnets(space: subnetact.Space, n: int = 6) -> list[subnetact.SubnetConfig]:
+    """``n`` configs from the smallest to the largest: uniform depth and width, interpolated together."""
+    depth_entries, width_entries = space.entries("depth"), space.entries("width")
+    configs = []
+    for i in range(n):
+        t = i / (n - 1)
+        depth = [e.choices[round(t * (len(e.choices) - 1))] for e in depth_entries]
+        width = [e.choices[round(t * (len(e.choices) - 1))] for e in width_entries]
+        configs.append(space.make(depth=depth, width=width))
+    return configs
+
+
+def timeit(fn: Callable[[], object], repeats: int) -> list[float]:
+    """Wall-clock seconds of ``repeats`` calls."""
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
+
+
+def machine() -> str:
+    return (
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, python {platform.python_version()}"
+    )

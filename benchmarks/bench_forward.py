@@ -1,0 +1,64 @@
+"""Forward time of the actuated supernet divided by forward time of the exported subnet (CPU, eval, no_grad).
+
+For each of 6 subnets spanning the space, the actuated model and ``model.export(cfg)`` run interleaved, ``--reps``
+times each, and the ratio of medians is reported; the headline is the median ratio over the 6 subnets.
+
+    python benchmarks/bench_forward.py --arch resnet50 --batch-sizes 1 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+
+import torch
+import torchvision
+
+import subnetact
+from _common import machine, median, spanning_subnets, timeit
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="resnet50", help="torchvision model builder name")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--reps", type=int, default=15, help="timed forwards per model and subnet")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--subnets", type=int, default=6)
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = subnetact.convert(getattr(torchvision.models, args.arch)()).eval()
+    subnets = spanning_subnets(model.space, args.subnets)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", subnetact.UncalibratedSubnetWarning)
+        subnetact.calibrate(model, [torch.randn(8, 3, 64, 64)], subnets=subnets)
+    exported = {cfg: model.export(cfg).eval() for cfg in subnets}
+    print(f"# {args.arch}, image {args.image_size}, {machine()}")
+    print("| batch | subnet | params (M) | actuated ms | exported ms | ratio |")
+    print("|---:|---|---:|---:|---:|---:|")
+    with torch.inference_mode():
+        for bs in args.batch_sizes:
+            x = torch.randn(bs, 3, args.image_size, args.image_size)
+            ratios = []
+            for cfg in subnets:
+                dense = exported[cfg]
+                model.actuate(cfg)
+                for _ in range(args.warmup):
+                    model(x)
+                    dense(x)
+                act, exp = [], []
+                for _ in range(args.reps):  # interleaved, so drift on a shared machine hits both alike
+                    act += timeit(lambda: model(x), 1)
+                    exp += timeit(lambda: dense(x), 1)
+                ratio = median(act) / median(exp)
+                ratios.append(ratio)
+                params = sum(p.numel() for p in dense.parameters()) / 1e6
+                label = f"d={list(cfg.depth)} w={cfg.width[0]}..{cfg.width[-1]}"
+                print(f"| {bs} | {label} | {params:.1f} | {median(act) * 1e3:.2f} | {median(exp) * 1e3:.2f} | {ratio:.3f} |")
+            print(f"| {bs} | **median over {len(subnets)} subnets** | | | | **{median(ratios):.3f}** |")
+
+
+if __name__ == "__main__":
+    main()

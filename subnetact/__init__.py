@@ -1,0 +1,59 @@
+"""subnetact: serve weight-shared supernets by actuating any subnet in place (SubNetAct, SuperServe NSDI'25).
+
+    >>> import subnetact, torchvision
+    >>> model = subnetact.convert(torchvision.models.resnet50())
+    >>> model.actuate(depth=[2, 3, 4, 2], width=0.5)
+    >>> dense = model.export()
+
+Importing this package never initialises CUDA and never imports torchvision or transformers.
+"""
+
+from .calibrate import calibrate
+from .config import SubnetConfig
+from .convert import ConvertConfig, convert, unconvert
+from .errors import (
+    CheckpointError,
+    InvalidSubnetError,
+    SubnetActError,
+    UncalibratedSubnetWarning,
+    UnsupportedModelError,
+)
+from .export import export
+from .io import load, save
+from .layer_select import LayerSelect, kept_layers
+from .rules import BlockSpec, ChannelSpec, register_block_rule
+from .space import Entry, Space
+from .subnet_norm import SubnetNorm
+from .supernet import SupernetMixin
+from .weight_slice import WeightSlice, WeightSliceConv2d, WeightSliceLinear
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BlockSpec",
+    "ChannelSpec",
+    "CheckpointError",
+    "ConvertConfig",
+    "Entry",
+    "InvalidSubnetError",
+    "LayerSelect",
+    "Space",
+    "SubnetActError",
+    "SubnetConfig",
+    "SubnetNorm",
+    "SupernetMixin",
+    "UncalibratedSubnetWarning",
+    "UnsupportedModelError",
+    "WeightSlice",
+    "WeightSliceConv2d",
+    "WeightSliceLinear",
+    "__version__",
+    "calibrate",
+    "convert",
+    "export",
+    "kept_layers",
+    "load",
+    "register_block_rule",
+    "save",
+    "unconvert",
+]

@@ -1,0 +1,85 @@
+"""``LayerSelect``: runs a subset of the blocks of one stage (elastic depth)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import nn
+
+from .config import SubnetConfig
+
+PREFIX = "prefix"
+EVERY_OTHER = "every_other"
+RULES = (PREFIX, EVERY_OTHER)
+
+
+def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
+    """Indices of the blocks a stage of ``num_layers`` blocks runs at ``depth``.
+
+    ``"prefix"`` (convolutional supernets, once-for-all): the first ``depth`` blocks.
+    ``"every_other"`` (DynaBERT): ``[floor(i * L / D) for i in range(D)]``, which drops evenly spaced blocks and
+    equals DynaBERT's choice for D/L = 0.5 and 0.75.
+    """
+    if not 1 <= depth <= num_layers:
+        raise ValueError(f"depth={depth!r} must be between 1 and num_layers={num_layers}")
+    if rule == PREFIX:
+        return list(range(depth))
+    if rule == EVERY_OTHER:
+        return [i * num_layers // depth for i in range(depth)]
+    raise ValueError(f"rule={rule!r} is not one of {RULES}")
+
+
+class LayerSelect(nn.Sequential):
+    """A stage whose blocks are switched on and off by the active subnet's depth for this stage.
+
+    It is an ``nn.Sequential`` holding the very same block modules under the same names, so the model's
+    ``state_dict`` keys do not change. The block that changes the tensor shape (the first one of a ResNet stage)
+    is always kept: depth choices start at 1.
+
+    Shapes: ``x`` (N, C_in, H, W) -> (N, C_out, H', W'), as the stage it replaces.
+    """
+
+    def __init__(self, *blocks: nn.Module, rule: str = PREFIX) -> None:
+        super().__init__(*blocks)
+        if rule not in RULES:
+            raise ValueError(f"rule={rule!r} is not one of {RULES}")
+        self.rule = rule
+        self.depth_entry = -1  # index into the space's ``depth`` dimension; set by convert
+        self.member_ops: list[list[int]] = []  # operator indices inside each block; set by convert
+
+    @classmethod
+    def from_module(cls, stage: nn.Sequential, rule: str = PREFIX) -> LayerSelect:
+        new = cls(rule=rule)
+        for name, block in stage.named_children():
+            new.add_module(name, block)
+        new.training = stage.training
+        return new
+
+    def kept_positions(self, cfg: SubnetConfig) -> list[int]:
+        return kept_layers(len(self), int(cfg["depth"][self.depth_entry]), self.rule)
+
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple[nn.Module, ...]:
+        children = list(self)
+        return tuple(children[i] for i in self.kept_positions(cfg))
+
+    def active_blocks(self) -> tuple[nn.Module, ...]:
+        """The blocks the current subnet runs, in order."""
+        return self._subnetact_state.current().entries[self._op_index]
+
+    def forward(self, x):
+        for block in self._subnetact_state.current().entries[self._op_index]:
+            x = block(x)
+        return x
+
+    def to_base(self) -> nn.Sequential:
+        base = nn.Sequential()
+        for name, block in self.named_children():
+            base.add_module(name, block)
+        base.training = self.training
+        return base
+
+    def extra_repr(self) -> str:
+        return f"rule={self.rule!r}"
+
+    def __iter__(self) -> Iterable[nn.Module]:
+        return iter(self._modules.values())

@@ -1,0 +1,191 @@
+"""The search space of a converted supernet: which values each dimension may take.
+
+A space is an ordered set of *dimensions* (``"depth"``, ``"width"``, ...). Each dimension has one *entry* per place it
+controls (a stage for depth, a block for width) and each entry has a finite tuple of allowed *choices*. A
+:class:`~subnetact.SubnetConfig` picks one choice per entry of every dimension.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import SubnetConfig, Value
+from .errors import InvalidSubnetError
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One place a dimension controls.
+
+    Args:
+        name: the module path it controls, e.g. ``"layer2"`` (a stage) or ``"layer2.1"`` (a block).
+        choices: allowed values in increasing order of cost.
+    """
+
+    name: str
+    choices: tuple[Value, ...]
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise InvalidSubnetError(f"entry {self.name!r} has no choices")
+        if len(set(self.choices)) != len(self.choices):
+            raise InvalidSubnetError(f"entry {self.name!r} has duplicate choices {self.choices!r}")
+
+    def match(self, value: Value) -> Value | None:
+        """The choice equal to ``value`` (floats compare with a 1e-9 relative tolerance), or None."""
+        for choice in self.choices:
+            if value == choice or (isinstance(value, float) and math.isclose(value, choice, rel_tol=1e-9)):
+                return choice
+        return None
+
+
+class Space:
+    """The set of subnets a converted model can actuate.
+
+    Args:
+        dims: dimension name -> entries, in a fixed order (``depth`` first, then ``width``, then extras).
+
+    Example::
+
+        >>> space = model.space
+        >>> space.max(), space.min()
+        >>> cfg = space.sample(random.Random(0))
+        >>> cfg in space
+        True
+    """
+
+    def __init__(self, dims: Mapping[str, Sequence[Entry]]) -> None:
+        if not dims:
+            raise InvalidSubnetError("a Space needs at least one dimension")
+        self._dims: dict[str, tuple[Entry, ...]] = {name: tuple(entries) for name, entries in dims.items()}
+
+    # -- structure -----------------------------------------------------------------------------------------------
+    @property
+    def dims(self) -> tuple[str, ...]:
+        return tuple(self._dims)
+
+    def entries(self, dim: str) -> tuple[Entry, ...]:
+        try:
+            return self._dims[dim]
+        except KeyError:
+            raise InvalidSubnetError(f"the space has no dimension {dim!r}; it has {self.dims}") from None
+
+    @property
+    def size(self) -> int:
+        """Number of distinct configs (product of the choice counts; configs that differ only in the width of a
+        block skipped by depth count separately, as they do in once-for-all)."""
+        return math.prod(len(e.choices) for entries in self._dims.values() for e in entries)
+
+    # -- building configs ----------------------------------------------------------------------------------------
+    def validate(self, cfg: SubnetConfig) -> SubnetConfig:
+        """Check ``cfg`` against the space and return it with every value snapped to its exact choice.
+
+        Raises:
+            InvalidSubnetError: naming the dimension, the index, the value and the allowed values.
+        """
+        if not isinstance(cfg, SubnetConfig):
+            raise InvalidSubnetError(f"expected a SubnetConfig, got {type(cfg).__name__}: {cfg!r}")
+        if set(cfg.dims) != set(self._dims):
+            raise InvalidSubnetError(
+                f"config has dimensions {sorted(cfg.dims)} but the space has {sorted(self._dims)}: {cfg!r}"
+            )
+        snapped: dict[str, tuple[Value, ...]] = {}
+        for dim, entries in self._dims.items():
+            values = cfg[dim]
+            if len(values) != len(entries):
+                names = ", ".join(e.name for e in entries)
+                raise InvalidSubnetError(
+                    f"{dim} has {len(values)} values but the space has {len(entries)} {dim} entries ({names})"
+                )
+            out = []
+            for i, (value, entry) in enumerate(zip(values, entries)):
+                choice = entry.match(value)
+                if choice is None:
+                    raise InvalidSubnetError(
+                        f"{dim}[{i}]={value!r} is not allowed for {entry.name!r}: allowed values are {entry.choices}"
+                    )
+                out.append(choice)
+            snapped[dim] = tuple(out)
+        return SubnetConfig(**snapped)
+
+    def make(self, **dims: Any) -> SubnetConfig:
+        """Build and validate a config; a scalar applies to every entry of its dimension.
+
+        ``space.make(depth=2, width=[0.5] * 16)`` is ``depth=(2, 2, 2, 2)`` for a four-stage space.
+        """
+        expanded = {}
+        for dim, value in dims.items():
+            entries = self.entries(dim)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                expanded[dim] = (value,) * len(entries)
+            elif isinstance(value, (list, tuple)):
+                expanded[dim] = tuple(value)
+            else:
+                raise InvalidSubnetError(
+                    f"{dim}={value!r} must be a number or a list of {len(entries)} numbers (one per {dim} entry)"
+                )
+        return self.validate(SubnetConfig(**expanded))
+
+    def __contains__(self, cfg: object) -> bool:
+        if not isinstance(cfg, SubnetConfig):
+            return False
+        try:
+            self.validate(cfg)
+        except InvalidSubnetError:
+            return False
+        return True
+
+    def max(self) -> SubnetConfig:
+        """The largest subnet: the last (largest) choice everywhere."""
+        return SubnetConfig(**{d: tuple(e.choices[-1] for e in es) for d, es in self._dims.items()})
+
+    def min(self) -> SubnetConfig:
+        """The smallest subnet: the first (smallest) choice everywhere."""
+        return SubnetConfig(**{d: tuple(e.choices[0] for e in es) for d, es in self._dims.items()})
+
+    def sample(self, rng: random.Random | int | None = None) -> SubnetConfig:
+        """A uniformly random config.
+
+        Args:
+            rng: a ``random.Random``, a seed, or None for the module-level generator.
+        """
+        if rng is None or isinstance(rng, int):
+            rng = random.Random(rng)
+        return SubnetConfig(**{d: tuple(rng.choice(e.choices) for e in es) for d, es in self._dims.items()})
+
+    def enumerate(self) -> Iterator[SubnetConfig]:
+        """Every config, lazily, in lexicographic order of choice indices. Beware: :attr:`size` can be huge."""
+        flat = [(d, e) for d, es in self._dims.items() for e in es]
+        for combo in itertools.product(*(e.choices for _, e in flat)):
+            values: dict[str, list[Value]] = {d: [] for d in self._dims}
+            for (d, _), v in zip(flat, combo):
+                values[d].append(v)
+            yield SubnetConfig(**values)
+
+    # -- serialisation -------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
+        return {d: [{"name": e.name, "choices": list(e.choices)} for e in es] for d, es in self._dims.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Sequence[Mapping[str, Any]]]) -> Space:
+        return cls({d: [Entry(str(e["name"]), tuple(e["choices"])) for e in es] for d, es in data.items()})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Space) and self._dims == other._dims
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._dims.items()))
+
+    def __repr__(self) -> str:
+        lines = [f"Space(size={self.size:.3g}, dims=["]
+        for d, es in self._dims.items():
+            distinct = sorted({e.choices for e in es})
+            shown = distinct[0] if len(distinct) == 1 else "per entry"
+            lines.append(f"  {d}: {len(es)} entries, choices {shown}")
+        lines.append("])")
+        return "\n".join(lines)

@@ -1,0 +1,196 @@
+"""Actuation state shared by the operators of one converted model: compiled plans and the active subnet.
+
+Why plans: actuating a subnet must be O(1) in model size. The first time a config is seen, :meth:`compile` walks the
+operators once and records, per operator, everything its forward needs (how many blocks to run, sliced weight
+views, the subnet's norm statistics). Actuation then swaps one reference; each operator's forward does a tuple
+index into the current plan.
+
+Concurrency: ``actuate`` sets the model-wide default plan. A forward pins the plan it starts with in a
+thread-local slot for its whole duration, so a concurrent ``actuate`` never changes a forward half-way, and
+``model(x, subnet=cfg)`` runs ``cfg`` in the calling thread only, leaving other threads and the default alone.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .config import SubnetConfig
+from .errors import InvalidSubnetError, UncalibratedSubnetWarning
+from .space import Space
+
+# Plans for configs that are not registered are cached in an LRU of this size (registered ones are pinned).
+PLAN_CACHE_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class ChannelGroup:
+    """An elastic channel dimension: the entry ``index`` of space dimension ``dim`` sets its active size.
+
+    Args:
+        dim: space dimension name, e.g. ``"width"``.
+        index: entry index in that dimension.
+        full: channel count of the supernet.
+        sizes: choice -> active channel count.
+    """
+
+    dim: str
+    index: int
+    full: int
+    sizes: tuple[tuple[Any, int], ...]
+
+    def size_for(self, value: Any) -> int:
+        for choice, k in self.sizes:
+            if choice == value:
+                return k
+        raise InvalidSubnetError(f"{self.dim}[{self.index}]={value!r} has no channel count in {self.sizes}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the operators need to run one subnet. ``entries[i]`` belongs to operator ``i``."""
+
+    config: SubnetConfig
+    entries: tuple[Any, ...]
+    calibrated: bool
+
+
+class ActuationState:
+    """Per-model state: space, operators, channel groups, registered statistics, plan caches and the default plan."""
+
+    def __init__(self, space: Space, ops: list, groups: list[ChannelGroup], convert_config: Any) -> None:
+        self.space = space
+        self.ops = ops  # every operator, indexed by its ``_op_index``
+        self.groups = groups
+        self.convert_config = convert_config
+        # subnet -> flat statistics buffer (see ``stats_layout``); only the channels the subnet uses
+        self.stats: dict[SubnetConfig, torch.Tensor] = {}
+        self._pinned: dict[SubnetConfig, Plan] = {}
+        self._lru: OrderedDict[SubnetConfig, Plan] = OrderedDict()
+        self._warned: set[SubnetConfig] = set()
+        self._lock = threading.Lock()
+        self.local = threading.local()
+        self.max_config = space.max()
+        self.default_config = self.max_config
+        self.default: Plan = None  # type: ignore[assignment]  # compiled by ``invalidate`` once operators are wired
+
+    # -- the hot path --------------------------------------------------------------------------------------------
+    def current(self) -> Plan:
+        """The plan of the forward running in this thread, else the model-wide default."""
+        plan = getattr(self.local, "plan", None)
+        return self.default if plan is None else plan
+
+    def plan_for(self, cfg: SubnetConfig) -> Plan:
+        """The compiled plan for ``cfg`` (validated and compiled on first use, then cached)."""
+        plan = self._pinned.get(cfg)
+        if plan is not None:
+            return plan
+        plan = self._lru.get(cfg)
+        if plan is not None:
+            self._lru.move_to_end(cfg)
+            return plan
+        cfg = self.space.validate(cfg)  # may snap values, e.g. 0.5000000001 -> 0.5
+        plan = self._pinned.get(cfg) or self._lru.get(cfg)
+        if plan is not None:
+            return plan
+        with self._lock:
+            plan = self.compile(cfg)
+            if cfg in self.stats:
+                self._pinned[cfg] = plan
+            else:
+                self._lru[cfg] = plan
+                while len(self._lru) > PLAN_CACHE_SIZE:
+                    self._lru.popitem(last=False)
+        if not plan.calibrated and cfg != self.max_config and cfg not in self._warned:
+            self._warned.add(cfg)
+            warnings.warn(
+                f"subnet {cfg.id} has no calibrated SubnetNorm statistics, so its BatchNorm layers use the "
+                "supernet's statistics sliced to the subnet's channels, which can be far off for small subnets. "
+                "Call subnetact.calibrate(model, batches, subnets=[...]) to register it.",
+                UncalibratedSubnetWarning,
+                stacklevel=3,
+            )
+        return plan
+
+    # -- compilation ---------------------------------------------------------------------------------------------
+    def group_sizes(self, cfg: SubnetConfig) -> list[int]:
+        return [g.size_for(cfg[g.dim][g.index]) for g in self.groups]
+
+    def active_ops(self, cfg: SubnetConfig) -> list[bool]:
+        """Which operators run for ``cfg`` (operators inside skipped blocks do not)."""
+        active = [True] * len(self.ops)
+        for op in self.ops:
+            kept = getattr(op, "kept_positions", None)
+            if kept is None:
+                continue
+            keep = set(kept(cfg))
+            for pos, members in enumerate(op.member_ops):
+                if pos not in keep:
+                    for i in members:
+                        active[i] = False
+        return active
+
+    def stats_layout(self, cfg: SubnetConfig) -> list[tuple[int, int]]:
+        """``[(norm operator index, active channels), ...]`` in operator order, for the norms ``cfg`` runs.
+
+        A subnet's flat statistics buffer is, for each of these in order, ``mean[k]`` then ``var[k]``.
+        """
+        sizes = self.group_sizes(cfg)
+        active = self.active_ops(cfg)
+        return [
+            (op._op_index, op.active_channels(sizes))
+            for op in self.ops
+            if getattr(op, "is_subnet_norm", False) and active[op._op_index]
+        ]
+
+    @torch.no_grad()
+    def compile(self, cfg: SubnetConfig) -> Plan:
+        sizes = self.group_sizes(cfg)
+        active = self.active_ops(cfg)
+        buffer = self.stats.get(cfg)
+        stats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if buffer is not None:
+            offset = 0
+            for index, k in self.stats_layout(cfg):
+                stats[index] = (buffer[offset : offset + k], buffer[offset + k : offset + 2 * k])
+                offset += 2 * k
+        entries = tuple(
+            op.plan_entry(cfg, sizes, stats.get(i)) if active[i] else None for i, op in enumerate(self.ops)
+        )
+        return Plan(config=cfg, entries=entries, calibrated=buffer is not None)
+
+    def invalidate(self) -> None:
+        """Drop every compiled plan (after tensors moved or statistics changed) and recompile the default."""
+        with self._lock:
+            self._pinned.clear()
+            self._lru.clear()
+        self.default = self.plan_for(self.default_config)
+
+    # -- copying -------------------------------------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict) -> ActuationState:
+        import copy
+
+        new = ActuationState.__new__(ActuationState)
+        memo[id(self)] = new
+        new.space = self.space
+        new.convert_config = self.convert_config
+        new.groups = self.groups
+        new.ops = copy.deepcopy(self.ops, memo)
+        new.stats = {cfg: t.clone() for cfg, t in self.stats.items()}
+        new._pinned, new._lru, new._warned = {}, OrderedDict(), set(self._warned)
+        new._lock, new.local = threading.Lock(), threading.local()
+        new.max_config = self.max_config
+        # Plans hold views of the old model's tensors; the copied root compiles its own (``invalidate``) once
+        # every copied module exists.
+        new.default_config = self.default_config
+        new.default = None  # type: ignore[assignment]
+        return new
+
+    def __getstate__(self) -> dict:
+        raise TypeError("a converted model cannot be pickled; use subnetact.save(model, path) / subnetact.load")
+

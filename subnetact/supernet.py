@@ -1,0 +1,158 @@
+"""The methods a converted model gains: ``actuate``, ``space``, ``active``, ``export`` and ``forward(subnet=...)``.
+
+``convert`` changes the class of the model's root module to a subclass of its own class with this mixin first in
+the MRO, so the model stays an instance of its original class (``isinstance(model, torchvision.models.ResNet)``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from torch import nn
+
+from .config import SubnetConfig
+from .errors import InvalidSubnetError
+from .space import Space
+from .state import ActuationState
+
+_CLASS_CACHE: dict[type, type] = {}
+
+
+class SupernetMixin:
+    """Mixed into the root of a converted model. See :func:`subnetact.convert`."""
+
+    _subnetact: ActuationState
+    _subnetact_base: type
+
+    def forward(self, *args: Any, subnet: SubnetConfig | None = None, **kwargs: Any) -> Any:
+        """Run the active subnet, or ``subnet`` for this call only (thread-safe: other threads are unaffected).
+
+        Args:
+            *args, **kwargs: the original model's inputs.
+            subnet: optional config to run instead of the active one, without changing the active one.
+        """
+        state = self._subnetact
+        local = state.local
+        pinned = getattr(local, "plan", None)
+        if subnet is not None:
+            plan = state.plan_for(subnet if isinstance(subnet, SubnetConfig) else SubnetConfig.from_dict(subnet))
+        elif pinned is not None:
+            plan = pinned  # a forward inside a pinned region (calibration, or a model that calls itself)
+        else:
+            plan = state.default
+        local.plan = plan
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            local.plan = pinned
+
+    @property
+    def space(self) -> Space:
+        """The subnets this model can actuate."""
+        return self._subnetact.space
+
+    @property
+    def active(self) -> SubnetConfig:
+        """The config ``model(x)`` runs."""
+        return self._subnetact.default_config
+
+    @property
+    def registered_subnets(self) -> tuple[SubnetConfig, ...]:
+        """Subnets with calibrated SubnetNorm statistics (the served set), in registration order."""
+        return tuple(self._subnetact.stats)
+
+    def actuate(
+        self,
+        config: SubnetConfig | Mapping[str, Sequence[float]] | None = None,
+        *,
+        depth: int | Sequence[int] | None = None,
+        width: float | Sequence[float] | None = None,
+        **dims: Any,
+    ) -> SubnetConfig:
+        """Switch the model to a subnet, in place. O(1) for a config seen before: one reference swap.
+
+        Args:
+            config: a :class:`SubnetConfig` (or its ``to_dict()`` form). Mutually exclusive with the keywords.
+            depth: blocks per stage: an int for every stage or one int per stage.
+            width: channel fraction per block: a float for every block or one float per block.
+            **dims: further dimensions the space defines. Dimensions not given keep their active values.
+
+        Returns:
+            The config now active (values snapped to the space's exact choices).
+
+        Raises:
+            InvalidSubnetError: (a ``ValueError``) naming the dimension, the value and the allowed values. The
+                model stays on its previous subnet.
+
+        Example::
+
+            >>> model.actuate(depth=[2, 3, 4, 2], width=0.5)
+            >>> model.actuate(model.space.min())
+        """
+        state = self._subnetact
+        keywords = {k: v for k, v in (("depth", depth), ("width", width), *dims.items()) if v is not None}
+        if config is not None:
+            if keywords:
+                raise InvalidSubnetError(
+                    f"pass either a config or keywords ({', '.join(keywords)}), not both; got config={config!r}"
+                )
+            if not isinstance(config, SubnetConfig):
+                if not isinstance(config, Mapping):
+                    raise InvalidSubnetError(
+                        f"config={config!r} must be a SubnetConfig or a mapping of dimension -> values"
+                    )
+                config = SubnetConfig.from_dict(config)
+        elif keywords:
+            merged: dict[str, Any] = dict(state.default_config.items())
+            merged.update(keywords)
+            config = state.space.make(**merged)
+        else:
+            raise InvalidSubnetError("actuate() needs a config or at least one of depth=, width=")
+        plan = state.plan_for(config)
+        state.default = plan
+        state.default_config = plan.config
+        return plan.config
+
+    def export(self, config: SubnetConfig | None = None) -> nn.Module:
+        """The subnet as a plain, independent module (e.g. a ``torchvision.models.ResNet``); see
+        :func:`subnetact.export`."""
+        from .export import export
+
+        return export(self, config)
+
+    # -- keeping plans valid -------------------------------------------------------------------------------------
+    def _apply(self, fn, recurse=True):  # called by .to(), .cuda(), .half(), ...
+        result = super()._apply(fn, recurse)
+        state = self._subnetact
+        state.stats = {cfg: fn(t) for cfg, t in state.stats.items()}
+        state.invalidate()  # plans hold views of the tensors that were just replaced
+        return result
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self._subnetact.invalidate()
+        return result
+
+    def __deepcopy__(self, memo: dict) -> SupernetMixin:
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            new.__dict__[key] = copy.deepcopy(value, memo)
+        new._subnetact.invalidate()
+        return new
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a converted model cannot be pickled; use subnetact.save(model, path) and subnetact.load")
+
+
+def supernet_class(base: type) -> type:
+    """The converted-root class for ``base`` (one per base class, so ``type(a) is type(b)`` for two ResNets)."""
+    cls = _CLASS_CACHE.get(base)
+    if cls is None:
+        cls = type(f"Supernet{base.__name__}", (SupernetMixin, base), {"_subnetact_base": base})
+        cls.__module__ = __name__
+        _CLASS_CACHE[base] = cls
+    return cls

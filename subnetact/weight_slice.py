@@ -1,0 +1,208 @@
+"""``WeightSlice``: convolution and linear layers that use the first k channels of the shared weight."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import SubnetConfig
+
+
+class WeightSlice:
+    """Mixin of the weight-slicing layers. ``out_group`` / ``in_group`` index the model's channel groups (None: the
+    dimension is not elastic). The parameters are the original layer's Parameters (same tensors, same storage);
+    nothing is copied per subnet."""
+
+    out_group: int | None
+    in_group: int | None
+    _op_index: int
+
+    def _takes_over(self, base: nn.Module) -> None:
+        # Same Parameter objects: optimiser state, tied weights and user references keep pointing at them.
+        self.weight = base.weight
+        self.bias = base.bias
+        self.training = base.training
+
+    def _out_in(self, sizes: list[int]) -> tuple[int, int]:
+        out_k = self.weight.shape[0] if self.out_group is None else sizes[self.out_group]
+        in_k = self.weight.shape[1] if self.in_group is None else sizes[self.in_group]
+        return out_k, in_k
+
+
+class WeightSliceConv2d(WeightSlice, nn.Conv2d):
+    """``nn.Conv2d`` running ``W[:k_out, :k_in]`` of the shared weight (whole groups for grouped convolutions).
+
+    Shapes: ``x`` (N, k_in, H, W) -> (N, k_out, H', W').
+
+    Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``): a prefix along the output dimension
+    is a contiguous view and runs the normal convolution. A slice of the input dimension is a strided view; for a
+    1x1 convolution (stride 1, no padding) it runs as one GEMM reading the strided weight in place
+    (``matmul(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the convolution here; other
+    shapes pass the view to ``F.conv2d``, which packs it (the same cost as the packing it does for a contiguous
+    weight on this CPU build).
+    """
+
+    @classmethod
+    def from_module(cls, conv: nn.Conv2d, out_group: int | None, in_group: int | None) -> WeightSliceConv2d:
+        if conv.groups > 1 and out_group != in_group:
+            raise ValueError(
+                f"a grouped convolution (groups={conv.groups}) must slice input and output with the same channel "
+                f"group (it drops whole groups), got out_group={out_group!r}, in_group={in_group!r}"
+            )
+        with torch.device("meta"):
+            new = cls(
+                conv.in_channels,
+                conv.out_channels,
+                conv.kernel_size,
+                stride=conv.stride,
+                padding=conv.padding,
+                dilation=conv.dilation,
+                groups=conv.groups,
+                bias=conv.bias is not None,
+                padding_mode=conv.padding_mode,
+            )
+        new._takes_over(conv)
+        new.out_group, new.in_group = out_group, in_group
+        return new
+
+    def _slice(self, out_k: int, in_k: int) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+        if self.groups == 1:
+            weight = self.weight[:out_k, :in_k]
+            groups = 1
+        else:
+            # Grouped: keep the first out_k / (C_out / G) whole groups; each keeps all its input channels.
+            groups = out_k // (self.out_channels // self.groups)
+            weight = self.weight[:out_k]
+        bias = None if self.bias is None else self.bias[:out_k]
+        return weight, bias, groups
+
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple:
+        out_k, in_k = self._out_in(sizes)
+        weight, bias, groups = self._slice(out_k, in_k)
+        gemm = (
+            self.kernel_size == (1, 1)
+            and self.stride == (1, 1)
+            and self.dilation == (1, 1)
+            and self.groups == 1
+            and self.padding_mode == "zeros"
+            and self.padding in ((0, 0), "valid")
+            and not weight.is_contiguous()
+        )
+        if gemm:
+            weight = weight[:, :, 0, 0]  # (k_out, k_in) strided view: the GEMM reads it in place
+        return (out_k, in_k, groups, weight, bias, gemm)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out_k, in_k, groups, weight, bias, gemm = self._subnetact_state.current().entries[self._op_index]
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            # Planned views were made under no_grad; slice afresh so gradients reach the shared weight.
+            weight, bias, groups = self._slice(out_k, in_k)
+            if gemm:
+                weight = weight[:, :, 0, 0]
+        if gemm and x.is_contiguous():
+            n, _, h, w = x.shape
+            if n == 1:
+                y = torch.mm(weight, x.view(in_k, h * w))  # (k_out, k_in) @ (k_in, H*W) -> (k_out, H*W)
+            else:
+                # bmm, not matmul: matmul folds this case through transposes and returns a channels-last result,
+                # which costs a copy in the next op.
+                y = torch.bmm(weight.expand(n, out_k, in_k), x.view(n, in_k, h * w))  # (N, k_out, H*W)
+            if bias is not None:
+                y = y + bias[:, None]
+            return y.view(n, out_k, h, w)
+        if gemm:
+            weight = weight[:, :, None, None]
+        if self.padding_mode != "zeros":
+            x = F.pad(x, self._reversed_padding_repeated_twice, mode=self.padding_mode)
+            return F.conv2d(x, weight, bias, self.stride, 0, self.dilation, groups)
+        return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, groups)
+
+    def to_dense(self, entry: tuple) -> nn.Conv2d:
+        out_k, in_k, groups, *_ = entry
+        weight, bias, groups = self._slice(out_k, in_k)
+        with torch.device("meta"):
+            dense = nn.Conv2d(
+                weight.shape[1] * groups,
+                out_k,
+                self.kernel_size,
+                stride=self.stride,
+                padding=self.padding,
+                dilation=self.dilation,
+                groups=groups,
+                bias=bias is not None,
+                padding_mode=self.padding_mode,
+            )
+        dense.weight = nn.Parameter(weight.detach().clone(), requires_grad=self.weight.requires_grad)
+        if bias is not None:
+            dense.bias = nn.Parameter(bias.detach().clone(), requires_grad=self.bias.requires_grad)
+        dense.training = self.training
+        return dense
+
+    def to_base(self) -> nn.Conv2d:
+        with torch.device("meta"):
+            base = nn.Conv2d(
+                self.in_channels,
+                self.out_channels,
+                self.kernel_size,
+                stride=self.stride,
+                padding=self.padding,
+                dilation=self.dilation,
+                groups=self.groups,
+                bias=self.bias is not None,
+                padding_mode=self.padding_mode,
+            )
+        base.weight, base.bias, base.training = self.weight, self.bias, self.training
+        return base
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, out_group={self.out_group}, in_group={self.in_group}"
+
+
+class WeightSliceLinear(WeightSlice, nn.Linear):
+    """``nn.Linear`` running ``W[:k_out, :k_in]`` of the shared weight.
+
+    Shapes: ``x`` (..., k_in) -> (..., k_out). ``F.linear`` reads the strided slice in place at little cost, so no
+    copy is made.
+    """
+
+    @classmethod
+    def from_module(cls, linear: nn.Linear, out_group: int | None, in_group: int | None) -> WeightSliceLinear:
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        new._takes_over(linear)
+        new.out_group, new.in_group = out_group, in_group
+        return new
+
+    def _slice(self, out_k: int, in_k: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight[:out_k, :in_k], None if self.bias is None else self.bias[:out_k]
+
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple:
+        out_k, in_k = self._out_in(sizes)
+        return (out_k, in_k, *self._slice(out_k, in_k))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out_k, in_k, weight, bias = self._subnetact_state.current().entries[self._op_index]
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            weight, bias = self._slice(out_k, in_k)
+        return F.linear(x, weight, bias)
+
+    def to_dense(self, entry: tuple) -> nn.Linear:
+        out_k, in_k, *_ = entry
+        weight, bias = self._slice(out_k, in_k)
+        with torch.device("meta"):
+            dense = nn.Linear(in_k, out_k, bias=bias is not None)
+        dense.weight = nn.Parameter(weight.detach().clone(), requires_grad=self.weight.requires_grad)
+        if bias is not None:
+            dense.bias = nn.Parameter(bias.detach().clone(), requires_grad=self.bias.requires_grad)
+        dense.training = self.training
+        return dense
+
+    def to_base(self) -> nn.Linear:
+        with torch.device("meta"):
+            base = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        base.weight, base.bias, base.training = self.weight, self.bias, self.training
+        return base
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, out_group={self.out_group}, in_group={self.in_group}"
