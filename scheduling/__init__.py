@@ -1,0 +1,76 @@
+"""An embeddable in-process batch scheduler for weight-shared supernets (SuperServe's SlackFit and baselines).
+
+Pure Python and standard library: this package imports neither torch nor ``subnetact``. The model side is a callable
+``fn(subnet_id, payloads) -> results`` that you pass to :class:`Scheduler`.
+
+Main pieces:
+
+- :class:`Profile`: subnets, accuracy and per-batch-size latency (own JSON schema + SuperServe importer).
+- Policies: :class:`SlackFit`, :class:`MaxAcc`, :class:`MaxBatch`, :class:`Fixed` (Clipper+), :class:`MinCost`
+  (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
+- :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
+- :class:`Scheduler`: the live, thread-based scheduler returning ``concurrent.futures.Future`` objects.
+- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code.
+- :mod:`scheduling.traces` and :mod:`scheduling.datasets`: seeded traces and the shipped data.
+"""
+
+from . import datasets, traces
+from .edf import EDFQueue
+from .errors import (
+    DeadlineMissedError,
+    InvalidProfileError,
+    InvalidRequestError,
+    NoWorkersError,
+    ProfilePropertyWarning,
+    QueueFullError,
+    SchedulerClosedError,
+    SchedulingError,
+    UnknownSubnetError,
+    WorkerFailedError,
+    WorkerResultError,
+)
+from .gearplan import GearPlan
+from .metrics import DecisionRecord, MetricsSummary, OutcomeRecord
+from .policies import Decision, Fixed, MaxAcc, MaxBatch, MinCost, Policy
+from .profile import LatencyStats, Profile, PropertyReport, PropertyViolation, Subnet, synthetic_profile
+from .scheduler import Scheduler
+from .simulator import SimConfig, SimResult, simulate
+from .slackfit import SlackFit
+
+__all__ = [
+    "DeadlineMissedError",
+    "Decision",
+    "DecisionRecord",
+    "EDFQueue",
+    "Fixed",
+    "GearPlan",
+    "InvalidProfileError",
+    "InvalidRequestError",
+    "LatencyStats",
+    "MaxAcc",
+    "MaxBatch",
+    "MetricsSummary",
+    "MinCost",
+    "NoWorkersError",
+    "OutcomeRecord",
+    "Policy",
+    "Profile",
+    "ProfilePropertyWarning",
+    "PropertyReport",
+    "PropertyViolation",
+    "QueueFullError",
+    "Scheduler",
+    "SchedulerClosedError",
+    "SchedulingError",
+    "SimConfig",
+    "SimResult",
+    "SlackFit",
+    "Subnet",
+    "UnknownSubnetError",
+    "WorkerFailedError",
+    "WorkerResultError",
+    "datasets",
+    "simulate",
+    "synthetic_profile",
+    "traces",
+]

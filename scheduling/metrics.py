@@ -1,0 +1,212 @@
+"""Serving metrics shared by the live scheduler and the simulator.
+
+Definitions (SuperServe §6.1):
+
+- **SLO attainment** = requests finished by their deadline / requests that finished (cancelled requests excluded).
+  Dropped, late, failed and rejected requests count as misses.
+- **Mean serving accuracy** = mean profiled accuracy of the subnets that served the requests that met their SLO.
+- **Latency** = completion time - arrival time, over served requests (on time or late).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from array import array
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+from .edf import Entry
+from .profile import SubnetId
+
+__all__ = [
+    "DecisionRecord",
+    "MetricsRecorder",
+    "MetricsSummary",
+    "OutcomeRecord",
+    "percentile",
+    "rate_series",
+    "windowed_outcomes",
+]
+
+
+class DecisionRecord(NamedTuple):
+    """One dispatched batch: when, on which worker, which subnet, how many requests, the queue length before it."""
+
+    time: float
+    worker: int
+    subnet_id: SubnetId
+    batch_size: int
+    queue_len: int
+    latency_s: float
+
+
+class OutcomeRecord(NamedTuple):
+    """A group of requests that finished at ``time``: ``count`` of them, ``on_time`` within their deadline."""
+
+    time: float
+    kind: Literal["served", "dropped", "failed", "cancelled", "rejected"]
+    count: int
+    on_time: int
+    accuracy: float
+
+
+@dataclass(frozen=True)
+class MetricsSummary:
+    """Totals and derived metrics. Latencies are in seconds, ``nan`` when nothing was served."""
+
+    total: int
+    on_time: int
+    late: int
+    dropped: int
+    failed: int
+    rejected: int
+    cancelled: int
+    batches: int
+    slo_attainment: float
+    mean_accuracy: float
+    mean_batch_size: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    latency_max_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        """The summary as a plain dict."""
+        return dict(self.__dict__)
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile ``q`` (0..100) of an already sorted sequence; ``nan`` if empty."""
+    n = len(sorted_values)
+    if n == 0:
+        return math.nan
+    rank = max(1, math.ceil(q / 100.0 * n))
+    return sorted_values[min(rank, n) - 1]
+
+
+class MetricsRecorder:
+    """Accumulates outcomes batch by batch (cheap enough for the simulator's hot loop).
+
+    Args:
+        record_timeline: Keep a :class:`DecisionRecord` per batch and an :class:`OutcomeRecord` per finished group
+            (for dynamics plots). Off by default.
+        thread_safe: Guard updates with a lock (the live scheduler records from several worker threads).
+    """
+
+    def __init__(self, *, record_timeline: bool = False, thread_safe: bool = False) -> None:
+        self.record_timeline = bool(record_timeline)
+        self._lock = threading.Lock() if thread_safe else nullcontext()
+        self.decisions: list[DecisionRecord] = []
+        self.outcomes: list[OutcomeRecord] = []
+        self._latencies = array("d")
+        self.on_time = self.late = self.dropped = self.failed = self.rejected = self.cancelled = 0
+        self.batches = 0
+        self._served_requests = 0
+        self._acc_sum = 0.0
+
+    def record_decision(
+        self, t: float, worker: int, subnet_id: SubnetId, batch_size: int, queue_len: int, latency_s: float
+    ) -> None:
+        """Record a dispatched batch."""
+        with self._lock:
+            self.batches += 1
+            self._served_requests += batch_size
+            if self.record_timeline:
+                self.decisions.append(DecisionRecord(t, worker, subnet_id, batch_size, queue_len, latency_s))
+
+    def record_served(self, t_done: float, entries: Sequence[Entry], accuracy: float) -> int:
+        """Record a batch that finished at ``t_done``; returns how many of its requests met their deadline."""
+        on_time = 0
+        for e in entries:
+            if e[0] >= t_done:
+                on_time += 1
+        with self._lock:
+            self.on_time += on_time
+            self.late += len(entries) - on_time
+            self._acc_sum += on_time * accuracy
+            self._latencies.extend([t_done - e[2] for e in entries])
+            if self.record_timeline:
+                self.outcomes.append(OutcomeRecord(t_done, "served", len(entries), on_time, accuracy))
+        return on_time
+
+    def _count(self, kind: str, t: float, n: int) -> None:
+        if n == 0:
+            return
+        with self._lock:
+            setattr(self, kind, getattr(self, kind) + n)
+            if self.record_timeline:
+                self.outcomes.append(OutcomeRecord(t, kind, n, 0, math.nan))  # type: ignore[arg-type]
+
+    def record_drop(self, t: float, n: int) -> None:
+        """Record ``n`` requests dropped by the deadline rule at ``t``."""
+        self._count("dropped", t, n)
+
+    def record_failure(self, t: float, n: int) -> None:
+        """Record ``n`` requests failed (worker error or lost worker) at ``t``."""
+        self._count("failed", t, n)
+
+    def record_rejection(self, t: float, n: int = 1) -> None:
+        """Record ``n`` requests rejected at submission (queue full, no worker)."""
+        self._count("rejected", t, n)
+
+    def record_cancel(self, t: float, n: int) -> None:
+        """Record ``n`` requests cancelled (by the caller, or by ``close(drain=False)``)."""
+        self._count("cancelled", t, n)
+
+    def summary(self) -> MetricsSummary:
+        """A :class:`MetricsSummary` of everything recorded so far."""
+        with self._lock:
+            lat = sorted(self._latencies)
+            finished = self.on_time + self.late + self.dropped + self.failed + self.rejected
+            return MetricsSummary(
+                total=finished + self.cancelled,
+                on_time=self.on_time,
+                late=self.late,
+                dropped=self.dropped,
+                failed=self.failed,
+                rejected=self.rejected,
+                cancelled=self.cancelled,
+                batches=self.batches,
+                slo_attainment=self.on_time / finished if finished else math.nan,
+                mean_accuracy=self._acc_sum / self.on_time if self.on_time else math.nan,
+                mean_batch_size=self._served_requests / self.batches if self.batches else math.nan,
+                latency_p50_s=percentile(lat, 50),
+                latency_p90_s=percentile(lat, 90),
+                latency_p99_s=percentile(lat, 99),
+                latency_max_s=lat[-1] if lat else math.nan,
+            )
+
+
+def rate_series(arrivals: Iterable[float], bin_s: float, *, end: float | None = None) -> list[tuple[float, float]]:
+    """Arrival rate per bin: ``[(bin_start, requests_per_second), ...]``."""
+    counts: dict[int, int] = {}
+    last = 0
+    for t in arrivals:
+        i = int(t // bin_s)
+        counts[i] = counts.get(i, 0) + 1
+        last = max(last, i)
+    if end is not None:
+        last = max(last, int(end // bin_s) - 1)
+    return [(i * bin_s, counts.get(i, 0) / bin_s) for i in range(last + 1)]
+
+
+def windowed_outcomes(outcomes: Iterable[OutcomeRecord], bin_s: float) -> list[tuple[float, float, float, int]]:
+    """SLO attainment and mean served accuracy per time bin of completion.
+
+    Returns:
+        ``[(bin_start, attainment, mean_accuracy, finished), ...]`` for bins where something finished; cancelled
+        requests are excluded as in :class:`MetricsSummary`.
+    """
+    bins: dict[int, list[float]] = {}
+    for o in outcomes:
+        if o.kind == "cancelled":
+            continue
+        b = bins.setdefault(int(o.time // bin_s), [0, 0, 0.0])
+        b[0] += o.count
+        b[1] += o.on_time
+        if o.on_time:
+            b[2] += o.on_time * o.accuracy
+    return [(i * bin_s, b[1] / b[0], b[2] / b[1] if b[1] else math.nan, int(b[0])) for i, b in sorted(bins.items())]

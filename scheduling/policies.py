@@ -1,0 +1,287 @@
+"""Scheduling policies: the interface, the decision type, and the simple baselines.
+
+A policy answers one question, every time a worker is free and the queue is not empty: *given the remaining slack of
+the earliest-deadline request, the queue length and the profile, which subnet runs how many requests?*
+
+Conventions shared by every policy in this package:
+
+- **Candidates.** A candidate is a profiled (subnet, batch size ``b``) pair. With a queue of ``q`` requests a candidate
+  takes ``min(b, q)`` requests; a partial batch (``q < b``) is charged the latency profiled for ``b`` (the worker may
+  pad it to ``b``). With ``queue_aware=True`` (default) only batch sizes up to the smallest profiled size ``>= q`` are
+  candidates: a larger ``b`` would take the same ``q`` requests and can only be slower on a monotone profile.
+- **Feasibility** is checked on each candidate's *own* latency statistic (``"mean"``, or ``"p99"`` for the tail-aware
+  variant of Orloj), never by assuming P1/P2, so policies stay correct on non-monotone profiles.
+- **Nothing fits.** :meth:`Policy.decide` then returns the fastest candidate with ``fits=False``; the drop rule of
+  :class:`~scheduling.edf.EDFQueue` (with :meth:`Policy.min_latency` as threshold) normally prevents this case.
+- **Cost.** Every table is built in ``__init__``; :meth:`Policy.decide` is a couple of bisections, O(log n).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+from .errors import InvalidProfileError, InvalidRequestError
+from .profile import LatencyStat, Profile, SubnetId
+
+__all__ = [
+    "Decision",
+    "Fixed",
+    "MaxAcc",
+    "MaxBatch",
+    "MinCost",
+    "Policy",
+]
+
+
+class Decision(NamedTuple):
+    """What to run next.
+
+    Attributes:
+        subnet_id: The subnet to actuate.
+        batch_size: How many requests to take from the head of the EDF queue (``1 <= batch_size <= queue_len``).
+        profile_batch: The profiled batch size whose latency the decision assumes (``>= batch_size``).
+        latency_s: That profiled latency (the policy's statistic: mean or p99), in seconds.
+        accuracy: The subnet's accuracy.
+        fits: Whether ``latency_s <= slack_s`` held when the decision was made.
+    """
+
+    subnet_id: SubnetId
+    batch_size: int
+    profile_batch: int
+    latency_s: float
+    accuracy: float
+    fits: bool
+
+
+class _Choice(NamedTuple):
+    subnet_id: SubnetId
+    batch: int
+    latency: float
+    accuracy: float
+
+
+class _PrefixBest:
+    """Choices sorted by latency; ``best[i]`` is the best choice (under ``key``) among the first ``i + 1``.
+
+    ``query(slack)`` is then "the best choice whose latency is <= slack" in one bisection, whatever the shape of the
+    profile.
+    """
+
+    __slots__ = ("best", "fastest", "lats")
+
+    def __init__(self, choices: Sequence[_Choice], key: Callable[[_Choice], Any]) -> None:
+        ordered = sorted(choices, key=lambda c: (c.latency, -c.batch, -c.accuracy))
+        self.lats = [c.latency for c in ordered]
+        self.best: list[_Choice] = []
+        cur = cur_key = None
+        for c in ordered:
+            k = key(c)
+            if cur is None or k > cur_key:
+                cur, cur_key = c, k
+            self.best.append(cur)
+        self.fastest = ordered[0] if ordered else None
+
+    def query(self, slack: float) -> _Choice | None:
+        i = bisect_right(self.lats, slack)
+        return self.best[i - 1] if i else None
+
+
+def _check_stat(latency_stat: str) -> None:
+    if latency_stat not in ("mean", "p99"):
+        raise InvalidRequestError(f"latency_stat must be 'mean' or 'p99' (tail-aware), got {latency_stat!r}")
+
+
+class Policy(ABC):
+    """Base class: precomputed candidate tables plus ``decide``.
+
+    Args:
+        profile: The latency/accuracy profile.
+        latency_stat: ``"mean"`` (default) or ``"p99"``: the statistic used for feasibility and ordering. ``"p99"`` is
+            the tail-aware variant (Orloj: decide from a latency quantile rather than the mean).
+        queue_aware: If ``True`` (default), only batch sizes up to the smallest profiled size ``>= queue_len`` are
+            candidates (see the module docstring). ``False`` always considers every profiled size.
+
+    Subclasses implement :meth:`decide`; stateful ones (those that watch the arrival rate) set
+    ``needs_arrivals = True`` and implement :meth:`observe_arrivals` and :meth:`reset`.
+    """
+
+    #: Set by policies that need :meth:`observe_arrivals` to be called for every arrival.
+    needs_arrivals: ClassVar[bool] = False
+
+    def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
+        if not isinstance(profile, Profile):
+            raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
+        _check_stat(latency_stat)
+        self.profile = profile
+        self.latency_stat: LatencyStat = latency_stat
+        self.queue_aware = bool(queue_aware)
+        bs = profile.batch_sizes
+        self._batch_sizes = bs
+        self._max_batch = bs[-1]
+        last = len(bs) - 1
+        self._k_last = last
+        # _k_of[q] = index of the smallest profiled batch size >= q, for q in 1..max batch; O(1) in decide().
+        self._k_of = [last] + [bisect_left(bs, q) if queue_aware else last for q in range(1, bs[-1] + 1)]
+        self._all = [
+            _Choice(s.id, b, st.stat(latency_stat), s.accuracy) for s in profile.subnets for b, st in s.latency.items()
+        ]
+
+    # --------------------------------------------------------------- helpers for subclasses
+    def _classes(self) -> range:
+        """Queue-length classes: k indexes ``profile.batch_sizes``; class k allows batch sizes <= batch_sizes[k]."""
+        return range(len(self._batch_sizes)) if self.queue_aware else range(self._k_last, self._k_last + 1)
+
+    def _candidates(self, k: int, subnet_id: SubnetId | None = None) -> list[_Choice]:
+        cap = self._batch_sizes[k]
+        return [c for c in self._all if c.batch <= cap and (subnet_id is None or c.subnet_id == subnet_id)]
+
+    def _k(self, queue_len: int) -> int:
+        return self._k_of[queue_len] if queue_len <= self._max_batch else self._k_last
+
+    @staticmethod
+    def _check_args(slack_s: float, queue_len: int) -> None:
+        # Cheap guards only: decide() is on the hot path. NaN compares unequal to itself.
+        if slack_s != slack_s:
+            raise InvalidRequestError(f"slack_s must be a number of seconds (may be negative), got {slack_s!r}")
+        if queue_len.__class__ is not int or queue_len < 1:
+            raise InvalidRequestError(
+                f"queue_len must be an int >= 1 (decide is only called on a non-empty queue), got {queue_len!r}"
+            )
+
+    @staticmethod
+    def _make(c: _Choice, queue_len: int, slack_s: float) -> Decision:
+        return Decision(
+            c.subnet_id, c.batch if c.batch < queue_len else queue_len, c.batch, c.latency, c.accuracy,
+            c.latency <= slack_s,
+        )  # fmt: skip
+
+    # --------------------------------------------------------------- interface
+    @abstractmethod
+    def decide(self, slack_s: float, queue_len: int, now: float) -> Decision | None:
+        """Choose what to run next.
+
+        Args:
+            slack_s: Remaining slack of the earliest-deadline request, ``deadline - now``, in seconds (may be <= 0).
+            queue_len: Number of queued requests (>= 1).
+            now: Current time in seconds (the scheduler's clock); only stateful policies use it.
+
+        Returns:
+            A :class:`Decision`, or ``None`` to wait (none of the built-in policies waits).
+        """
+
+    @abstractmethod
+    def min_latency(self, queue_len: int) -> float:
+        """The fastest latency this policy could run with ``queue_len`` queued requests: the drop-rule threshold."""
+
+    def observe_arrivals(self, now: float, count: int = 1) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called for arrivals when :attr:`needs_arrivals` is set. No-op by default."""
+
+    def reset(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Forget any state learned at run time (called by the simulator before each run). No-op by default."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(latency_stat={self.latency_stat!r})"
+
+
+class _KeyedPolicy(Policy):
+    """A policy that picks, among the candidates that fit, the maximum under a lexicographic key."""
+
+    def _build(self, key: Callable[[_Choice], Any], subnet_id: SubnetId | None = None) -> None:
+        tables: list[_PrefixBest | None] = [None] * len(self._batch_sizes)
+        for k in self._classes():
+            tables[k] = _PrefixBest(self._candidates(k, subnet_id), key)
+        # Queue classes below the first profiled batch size of a fixed subnet fall back to its next class up.
+        for k in range(len(tables) - 1, -1, -1):
+            t = tables[k]
+            if t is not None and t.fastest is None:
+                tables[k] = None
+            if tables[k] is None and k + 1 < len(tables):
+                tables[k] = tables[k + 1]
+        self._tables = tables
+
+    def decide(self, slack_s: float, queue_len: int, now: float) -> Decision:
+        self._check_args(slack_s, queue_len)
+        t = self._tables[self._k(queue_len)]
+        c = t.query(slack_s) or t.fastest
+        return self._make(c, queue_len, slack_s)
+
+    def min_latency(self, queue_len: int) -> float:
+        return self._tables[self._k(queue_len)].fastest.latency
+
+
+class MaxAcc(_KeyedPolicy):
+    """Maximise accuracy first, then batch size (SuperServe A.5): the most accurate subnet with any candidate that
+    fits the slack, at the largest batch size of that subnet that fits.
+
+    Args:
+        profile: The latency/accuracy profile.
+        latency_stat: ``"mean"`` or ``"p99"``. See :class:`Policy`.
+        queue_aware: See :class:`Policy`.
+
+    Example::
+
+        >>> from scheduling import MaxAcc, datasets
+        >>> MaxAcc(datasets.superserve_a40_profile()).decide(0.030, 64, 0.0).subnet_id
+        5
+    """
+
+    def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
+        super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
+        self._build(lambda c: (c.accuracy, c.batch, -c.latency))
+
+
+class MaxBatch(_KeyedPolicy):
+    """Maximise batch size first, then accuracy (SuperServe A.5): the largest batch any subnet can run within the
+    slack, with the most accurate subnet that runs it in time.
+
+    Args: as :class:`MaxAcc`.
+    """
+
+    def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
+        super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
+        self._build(lambda c: (c.batch, c.accuracy, -c.latency))
+
+
+class Fixed(_KeyedPolicy):
+    """Always the same subnet, at the largest batch size that fits the slack (the paper's Clipper+ baseline).
+
+    Args:
+        profile: The latency/accuracy profile.
+        subnet_id: The subnet to serve. Raises :class:`~scheduling.errors.UnknownSubnetError` if not in the profile.
+        latency_stat: ``"mean"`` or ``"p99"``. See :class:`Policy`.
+        queue_aware: See :class:`Policy`.
+    """
+
+    def __init__(
+        self, profile: Profile, subnet_id: SubnetId, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True
+    ) -> None:
+        super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
+        profile.index_of(subnet_id)  # raises UnknownSubnetError with the known ids
+        self.subnet_id = subnet_id
+        self._build(lambda c: (c.batch, -c.latency), subnet_id)
+
+    def __repr__(self) -> str:
+        return f"Fixed(subnet_id={self.subnet_id!r}, latency_stat={self.latency_stat!r})"
+
+
+class MinCost(Fixed):
+    """Always the least accurate subnet (INFaaS without an accuracy constraint: the cheapest model), largest batch that
+    fits. Ties in accuracy go to the subnet with the fastest profiled latency.
+
+    Args:
+        profile: The latency/accuracy profile.
+        latency_stat: ``"mean"`` or ``"p99"``. See :class:`Policy`.
+        queue_aware: See :class:`Policy`.
+    """
+
+    def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
+        if not isinstance(profile, Profile):
+            raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
+        cheapest = min(profile.subnets, key=lambda s: (s.accuracy, min(st.mean_s for st in s.latency.values())))
+        super().__init__(profile, cheapest.id, latency_stat=latency_stat, queue_aware=queue_aware)
+
+    def __repr__(self) -> str:
+        return f"MinCost(subnet_id={self.subnet_id!r}, latency_stat={self.latency_stat!r})"

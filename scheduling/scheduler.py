@@ -1,0 +1,386 @@
+"""The live, in-process scheduler: EDF queue + policy + worker threads, with ``concurrent.futures`` results.
+
+One lock-protected condition variable guards the queue. Each worker is a thread running a user callable
+``fn(subnet_id, payloads) -> results`` (typically one per GPU). Whenever a worker is free and the queue is not empty it
+applies the drop rule, asks the policy for a decision, pops the batch and runs it outside the lock. Futures are always
+completed outside the lock, so callbacks may call back into the scheduler.
+
+Every submitted request completes exactly once: with its result; with ``DeadlineMissedError`` (drop rule); with the
+worker's exception (``WorkerResultError`` for a wrong number of results); with ``QueueFullError`` or
+``NoWorkersError`` (rejected); or cancelled (by the caller, or by ``close(drain=False)``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from .edf import EDFQueue, Entry
+from .errors import (
+    DeadlineMissedError,
+    InvalidRequestError,
+    NoWorkersError,
+    QueueFullError,
+    SchedulerClosedError,
+    WorkerFailedError,
+    WorkerResultError,
+)
+from .metrics import DecisionRecord, MetricsRecorder, MetricsSummary
+from .policies import Policy
+from .profile import SubnetId
+
+__all__ = ["Scheduler", "WorkerFn"]
+
+WorkerFn = Callable[[SubnetId, list[Any]], Sequence[Any]]
+"""A worker: ``fn(subnet_id, payloads) -> results``, one result per payload, in order."""
+
+
+@dataclass(eq=False)
+class _Worker:
+    wid: int
+    fn: WorkerFn
+    name: str
+    thread: threading.Thread | None = None
+    stop: bool = False  # set by remove_worker() / close(drain=False): exit after the current batch
+
+
+class Scheduler:
+    """Serve requests with a policy and a pool of worker callables.
+
+    Args:
+        policy: The scheduling policy (e.g. :class:`~scheduling.SlackFit`).
+        workers: Initial worker callables ``fn(subnet_id, payloads) -> results``; more can be added later with
+            :meth:`add_worker`.
+        max_queue: Capacity of the queue; a request submitted when it is full completes at once with
+            :class:`~scheduling.errors.QueueFullError`. Default 100,000.
+        drop_late: Drop rule. ``True`` (default): a request whose slack is below the policy's fastest latency
+            completes with :class:`~scheduling.errors.DeadlineMissedError` instead of being served late.
+        default_slo_s: SLO used when :meth:`submit` gets neither ``slo_s`` nor ``deadline``. Default ``None`` (one
+            of them is then required).
+        record_timeline: Keep a :class:`~scheduling.metrics.DecisionRecord` per batch (see :meth:`timeline`).
+
+    Example::
+
+        >>> from scheduling import Scheduler, SlackFit, datasets
+        >>> def worker(subnet_id, payloads):            # the model side: run `payloads` on subnet `subnet_id`
+        ...     return [x * 2 for x in payloads]
+        >>> with Scheduler(SlackFit(datasets.superserve_a40_profile()), [worker]) as sched:
+        ...     futures = [sched.submit(i, slo_s=1.0) for i in range(5)]
+        ...     [f.result() for f in futures]
+        [0, 2, 4, 6, 8]
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        workers: Iterable[WorkerFn] = (),
+        *,
+        max_queue: int = 100_000,
+        drop_late: bool = True,
+        default_slo_s: float | None = None,
+        record_timeline: bool = False,
+    ) -> None:
+        if not isinstance(policy, Policy):
+            raise InvalidRequestError(f"policy must be a scheduling Policy, got {type(policy).__name__}")
+        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
+            raise InvalidRequestError(f"max_queue must be an int >= 1, got {max_queue!r}")
+        if default_slo_s is not None:
+            self._check_slo(default_slo_s, "default_slo_s")
+        workers = list(workers)
+        for i, fn in enumerate(workers):
+            if not callable(fn):
+                raise InvalidRequestError(f"workers[{i}] must be callable fn(subnet_id, payloads), got {fn!r}")
+        policy.reset()
+        self.policy = policy
+        self.default_slo_s = default_slo_s
+        self._clock = time.monotonic
+        self._cond = threading.Condition(threading.Lock())
+        self._queue = EDFQueue(capacity=max_queue, drop_late=drop_late)
+        self._metrics = MetricsRecorder(record_timeline=record_timeline, thread_safe=True)
+        self._workers: dict[int, _Worker] = {}
+        self._ids = itertools.count()
+        self._idle = 0  # workers blocked in cond.wait(): submit() only notifies when one is
+        self._closing = False
+        self._observe = policy.observe_arrivals if policy.needs_arrivals else None
+        for fn in workers:
+            self.add_worker(fn)
+
+    # ------------------------------------------------------------------ validation helpers
+    @staticmethod
+    def _check_slo(value: Any, name: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise InvalidRequestError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+        return float(value)
+
+    # ------------------------------------------------------------------ submission
+    def submit(self, payload: Any, *, slo_s: float | None = None, deadline: float | None = None) -> Future:
+        """Queue one request and return its future.
+
+        Args:
+            payload: Anything; handed to a worker callable in a list with the other requests of its batch.
+            slo_s: Latency target in seconds from now (> 0).
+            deadline: Absolute deadline on the :func:`time.monotonic` clock. Give ``slo_s`` or ``deadline``, not both
+                (or neither, if ``default_slo_s`` was set).
+
+        Returns:
+            A :class:`concurrent.futures.Future` that completes exactly once: with the worker's result, or with an
+            exception (:class:`~scheduling.errors.DeadlineMissedError`, the worker's exception,
+            :class:`~scheduling.errors.QueueFullError`, :class:`~scheduling.errors.NoWorkersError`), or cancelled.
+
+        Raises:
+            InvalidRequestError: bad ``slo_s`` / ``deadline``; nothing is queued.
+            SchedulerClosedError: :meth:`close` was called.
+        """
+        now = self._clock()
+        if slo_s is not None:
+            if deadline is not None:
+                raise InvalidRequestError(
+                    f"pass either slo_s or deadline, not both (got slo_s={slo_s!r}, deadline={deadline!r})"
+                )
+            deadline = now + self._check_slo(slo_s, "slo_s")
+        elif deadline is not None:
+            if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
+                raise InvalidRequestError(f"deadline must be a finite time.monotonic() value, got {deadline!r}")
+        elif self.default_slo_s is not None:
+            deadline = now + self.default_slo_s
+        else:
+            raise InvalidRequestError("submit() needs slo_s= or deadline= (or a Scheduler default_slo_s)")
+        fut: Future = Future()
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosedError("scheduler is closed; submit() is no longer accepted")
+            if not self._workers:
+                reject: BaseException = NoWorkersError("no live worker; add one with add_worker()")
+            elif len(self._queue) >= self._queue.capacity:  # type: ignore[operator]
+                reject = QueueFullError(f"queue is full (max_queue={self._queue.capacity}); request rejected")
+            else:
+                self._queue.push(deadline, now, (fut, payload))
+                if self._observe is not None:
+                    self._observe(now, 1)
+                if self._idle:
+                    self._cond.notify()
+                return fut
+        self._metrics.record_rejection(now)
+        fut.set_exception(reject)
+        return fut
+
+    async def submit_async(self, payload: Any, *, slo_s: float | None = None, deadline: float | None = None) -> Any:
+        """``await``-able :meth:`submit`: returns the result or raises the request's exception.
+
+        Cancelling the awaiting task cancels the request if no worker has taken it yet.
+        """
+        return await asyncio.wrap_future(self.submit(payload, slo_s=slo_s, deadline=deadline))
+
+    # ------------------------------------------------------------------ workers
+    def add_worker(self, fn: WorkerFn, *, name: str | None = None) -> int:
+        """Start a worker thread running ``fn``; returns its id (for :meth:`remove_worker`)."""
+        if not callable(fn):
+            raise InvalidRequestError(f"fn must be callable fn(subnet_id, payloads), got {fn!r}")
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosedError("scheduler is closed; add_worker() is no longer accepted")
+            wid = next(self._ids)
+            w = _Worker(wid, fn, name or f"scheduling-worker-{wid}")
+            w.thread = threading.Thread(target=self._run, args=(w,), name=w.name, daemon=True)
+            self._workers[wid] = w
+        w.thread.start()
+        return wid
+
+    def remove_worker(self, worker_id: int, *, wait: bool = True) -> None:
+        """Stop worker ``worker_id`` after its current batch. If it was the last worker, queued requests fail with
+        :class:`~scheduling.errors.NoWorkersError`.
+
+        Args:
+            worker_id: An id returned by :meth:`add_worker`.
+            wait: Block until the worker's thread has finished.
+        """
+        with self._cond:
+            w = self._workers.pop(worker_id, None)
+            if w is None:
+                raise InvalidRequestError(
+                    f"unknown worker_id {worker_id!r}; live workers are {sorted(self._workers)!r}"
+                )
+            w.stop = True
+            orphans = self._orphans_locked()
+            self._cond.notify_all()
+        self._fail(orphans, NoWorkersError("the last worker was removed"))
+        if wait and w.thread is not threading.current_thread():
+            w.thread.join()  # type: ignore[union-attr]
+
+    @property
+    def workers(self) -> list[int]:
+        """Ids of the live workers."""
+        with self._cond:
+            return sorted(self._workers)
+
+    def _orphans_locked(self) -> list[Entry]:
+        # With no worker left nobody would ever look at the queue again: fail what is queued now.
+        return self._queue.drain() if not self._workers else []
+
+    # ------------------------------------------------------------------ the worker loop
+    def _run(self, w: _Worker) -> None:
+        cond, q, policy, clock, metrics = self._cond, self._queue, self.policy, self._clock, self._metrics
+        decide, min_latency, drop_late = policy.decide, policy.min_latency, q.drop_late
+        while True:
+            expired: list[Entry] = []
+            batch: list[Entry] | None = None
+            d = None
+            with cond:
+                while True:
+                    if w.stop or (self._closing and not q):
+                        break
+                    timeout = None
+                    if q:
+                        now = clock()
+                        if drop_late:
+                            while q:
+                                dropped = q.expire(now, min_latency(len(q)))
+                                if not dropped:
+                                    break
+                                expired += dropped
+                        if q:
+                            qlen = len(q)
+                            d = decide(q.peek_deadline() - now, qlen, now)
+                            if d is not None:
+                                batch = q.pop_batch(d.batch_size)
+                                metrics.record_decision(now, w.wid, d.subnet_id, len(batch), qlen, d.latency_s)
+                                break
+                            # The policy waits: look again when the head would have to be dropped.
+                            timeout = max(q.peek_deadline() - min_latency(qlen) - now, 1e-4)
+                        if expired:
+                            break
+                        if not q:
+                            continue
+                    self._idle += 1
+                    cond.wait(timeout)
+                    self._idle -= 1
+            if expired:
+                self._miss(expired)
+            if batch is not None:
+                if not self._execute(w, d, batch):
+                    return
+            elif not expired:
+                return  # asked to stop, or closing with an empty queue
+
+    def _execute(self, w: _Worker, d: Any, batch: list[Entry]) -> bool:
+        """Run one batch; returns False when the worker must retire."""
+        entries, payloads = [], []
+        for e in batch:
+            fut, payload = e[3]
+            if fut.set_running_or_notify_cancel():
+                entries.append(e)
+                payloads.append(payload)
+        cancelled = len(batch) - len(entries)
+        if cancelled:
+            self._metrics.record_cancel(self._clock(), cancelled)
+        if not entries:
+            return True
+        try:
+            results = w.fn(d.subnet_id, payloads)
+            if not isinstance(results, Sequence):
+                results = list(results)
+            if len(results) != len(entries):
+                raise WorkerResultError(
+                    f"worker {w.name!r} returned {len(results)} results for {len(entries)} payloads "
+                    f"(subnet {d.subnet_id!r}); it must return one result per payload, in order"
+                )
+        except BaseException as exc:  # noqa: BLE001 - any failure, even KeyboardInterrupt in a thread, fails the batch
+            t = self._clock()
+            for e in entries:
+                e[3][0].set_exception(exc)
+            self._metrics.record_failure(t, len(entries))
+            if isinstance(exc, WorkerFailedError) or not isinstance(exc, Exception):
+                self._retire(w)
+                return False
+            return True
+        t_done = self._clock()
+        self._metrics.record_served(t_done, entries, d.accuracy)
+        for e, r in zip(entries, results, strict=True):
+            e[3][0].set_result(r)
+        return True
+
+    def _retire(self, w: _Worker) -> None:
+        with self._cond:
+            if self._workers.get(w.wid) is w:
+                del self._workers[w.wid]
+            orphans = self._orphans_locked()
+            self._cond.notify_all()
+        self._fail(orphans, NoWorkersError(f"worker {w.name!r} died and no live worker is left"))
+
+    def _miss(self, entries: list[Entry]) -> None:
+        t = self._clock()
+        self._metrics.record_drop(t, len(entries))
+        for e in entries:
+            fut = e[3][0]
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(
+                    DeadlineMissedError(
+                        f"dropped: remaining slack {1e3 * (e[0] - t):.3f} ms is below the fastest latency the policy "
+                        "can run"
+                    )
+                )
+
+    def _fail(self, entries: list[Entry], exc: BaseException) -> None:
+        if not entries:
+            return
+        self._metrics.record_failure(self._clock(), len(entries))
+        for e in entries:
+            fut = e[3][0]
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(exc)
+
+    # ------------------------------------------------------------------ shutdown and metrics
+    def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop accepting requests and shut the workers down; idempotent.
+
+        Args:
+            drain: ``True`` (default): queued requests are still served (or dropped by the deadline rule) before the
+                workers exit. ``False``: queued requests are cancelled at once; running batches finish.
+            timeout: Seconds to wait for the worker threads (``None``: wait for them). A worker callable that never
+                returns keeps its own batch's futures pending; everything else is completed.
+        """
+        with self._cond:
+            self._closing = True
+            cancelled = [] if drain else self._queue.drain()
+            if not drain:
+                for w in self._workers.values():
+                    w.stop = True
+            threads = [w.thread for w in self._workers.values()]
+            orphans = self._orphans_locked()
+            self._cond.notify_all()
+        if cancelled:
+            self._metrics.record_cancel(self._clock(), len(cancelled))
+            for e in cancelled:
+                e[3][0].cancel()
+        self._fail(orphans, NoWorkersError("scheduler closed with no live worker"))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in threads:
+            if t is not threading.current_thread():
+                t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+
+    def __enter__(self) -> Scheduler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(drain=True)
+
+    def metrics(self) -> MetricsSummary:
+        """SLO attainment, mean serving accuracy, latency percentiles and counts so far."""
+        return self._metrics.summary()
+
+    def timeline(self) -> list[DecisionRecord]:
+        """Per-batch decisions (time, worker, subnet, batch size, queue length); empty unless ``record_timeline``."""
+        with self._cond:
+            return list(self._metrics.decisions)
+
+    @property
+    def queue_len(self) -> int:
+        """Number of queued requests."""
+        return len(self._queue)
