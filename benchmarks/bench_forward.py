@@ -15,6 +15,7 @@ import torch
 import torchvision
 
 import subnetact
+
 from _common import machine, median, spanning_subnets, timeit
 
 
@@ -50,13 +51,14 @@ def main() -> None:
                     dense(x)
                 act, exp = [], []
                 for _ in range(args.reps):  # interleaved, so drift on a shared machine hits both alike
-                    act += timeit(lambda: model(x), 1)
-                    exp += timeit(lambda: dense(x), 1)
+                    act += timeit(lambda x=x: model(x), 1)
+                    exp += timeit(lambda x=x, dense=dense: dense(x), 1)
                 ratio = median(act) / median(exp)
                 ratios.append(ratio)
                 params = sum(p.numel() for p in dense.parameters()) / 1e6
                 label = f"d={list(cfg.depth)} w={cfg.width[0]}..{cfg.width[-1]}"
-                print(f"| {bs} | {label} | {params:.1f} | {median(act) * 1e3:.2f} | {median(exp) * 1e3:.2f} | {ratio:.3f} |")
+                act_ms, exp_ms = median(act) * 1e3, median(exp) * 1e3
+                print(f"| {bs} | {label} | {params:.1f} | {act_ms:.2f} | {exp_ms:.2f} | {ratio:.3f} |")
             print(f"| {bs} | **median over {len(subnets)} subnets** | | | | **{median(ratios):.3f}** |")
 
 

@@ -81,7 +81,7 @@ def calibrate(
             finally:
                 local.plan, local.calibration = None, None
             parts = []
-            for op_index, k in state.stats_layout(cfg):
+            for op_index, _ in state.stats_layout(cfg):
                 acc = accumulators.get(op_index)
                 if acc is None:
                     raise RuntimeError(

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .layer_select import LayerSelect
+from .layer_select import PREFIX, LayerSelect
+from .operator import Operator
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
 from .space import Entry, Space
 from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin, supernet_class
-from .weight_slice import WeightSlice, WeightSliceConv2d, WeightSliceLinear
+from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
 
@@ -110,9 +111,77 @@ def convert(
     if isinstance(model, SupernetMixin):
         raise UnsupportedModelError("model is already converted (call subnetact.unconvert(model) first)")
 
-    # ---- phase 1: analyse and validate (no mutation) ------------------------------------------------------------
+    # Phase 1: analyse and validate (no mutation). A model adapter, if one is registered for the model's class,
+    # replaces the generic block-rule analysis.
+    adapter = find_model_adapter(model)
+    plan = adapter(model, config, filter_fn) if adapter is not None else analyse_blocks(model, config, filter_fn)
+    # Phase 2: rewrite.
+    apply_conversion(model, plan, config)
+    return model
+
+
+@dataclass
+class StagePlan:
+    """One ``LayerSelect`` to insert: the ``nn.Sequential`` at ``path``, and how it keeps blocks."""
+
+    path: str
+    rule: str = PREFIX
+
+
+@dataclass
+class ConversionPlan:
+    """What phase 2 of :func:`convert` does, computed and validated by phase 1 (block rules or a model adapter).
+
+    Args:
+        stages: the stages to wrap, in the order of the space's ``depth`` entries.
+        dims: the search space's dimensions (``depth`` entries must match ``stages``).
+        groups: the elastic channel groups.
+        slices: conv/linear path -> (output group, input group), either None when not sliced.
+        norms: BatchNorm path -> group (None: not sliced). Every other ``nn.BatchNorm2d`` becomes an unsliced
+            SubnetNorm.
+        custom: path -> factory building a user-defined :class:`~subnetact.operator.Operator` from the module there.
+    """
+
+    stages: list[StagePlan]
+    dims: dict[str, list[Entry]]
+    groups: list[ChannelGroup]
+    slices: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
+    norms: dict[str, int | None] = field(default_factory=dict)
+    custom: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)
+
+
+ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], ConversionPlan]
+_ADAPTERS: dict[type | str, ModelAdapter] = {}
+
+
+def register_model_adapter(model_type: type | str) -> Callable[[ModelAdapter], ModelAdapter]:
+    """Decorator registering a whole-model analysis ``(model, config, filter_fn) -> ConversionPlan`` for a class
+    (or its ``"module.QualName"``), used instead of the generic block-rule analysis."""
+
+    def decorator(adapter: ModelAdapter) -> ModelAdapter:
+        _ADAPTERS[model_type] = adapter
+        return adapter
+
+    return decorator
+
+
+def find_model_adapter(model: nn.Module) -> ModelAdapter | None:
+    for cls in type(model).__mro__:
+        adapter = _ADAPTERS.get(cls) or _ADAPTERS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if adapter is not None:
+            return adapter
+    return None
+
+
+def analyse_blocks(
+    model: nn.Module, config: ConvertConfig, filter_fn: Callable[[nn.Module, str], bool] | None
+) -> ConversionPlan:
+    """The generic analysis: stages are ``nn.Sequential`` of blocks with registered rules; one ``width`` entry
+    per block with elastic channels, one ``depth`` entry per stage."""
     stages = _find_stages(model, filter_fn)
-    depth_entries, width_entries, groups, block_groups = [], [], [], {}
+    depth_entries, width_entries, groups = [], [], []
+    slices: dict[str, tuple[int | None, int | None]] = {}
+    norms: dict[str, int | None] = {}
     for stage in stages:
         n = len(stage.blocks)
         for pos, (path, block, spec) in enumerate(stage.blocks):
@@ -121,52 +190,57 @@ def convert(
                     f"block {path!r} ({type(block).__qualname__}) changes the tensor shape but is not the first block "
                     f"of stage {stage.path!r}, so LayerSelect cannot skip it"
                 )
-            if spec.width is not None:
-                _check_channel_spec(path, block, spec.width)
-                sizes = tuple((w, active_size(w, spec.width)) for w in config.width_choices)
-                block_groups[path] = len(groups)
-                groups.append(ChannelGroup("width", len(width_entries), spec.width.size, sizes))
-                width_entries.append(Entry(path, config.width_choices))
+            if spec.width is None:
+                continue
+            _check_channel_spec(path, block, spec.width)
+            group = len(groups)
+            sizes = tuple((w, active_size(w, spec.width)) for w in config.width_choices)
+            groups.append(ChannelGroup("width", len(width_entries), spec.width.size, sizes))
+            width_entries.append(Entry(path, config.width_choices))
+            outs, ins = set(spec.width.producers), set(spec.width.consumers)
+            for name in sorted(outs | ins):
+                slices[f"{path}.{name}"] = (group if name in outs else None, group if name in ins else None)
+            for name in spec.width.norms:
+                norms[f"{path}.{name}"] = group
         depth_entries.append(Entry(stage.path, tuple(range(min(config.min_depth, n), n + 1))))
     dims = {"depth": depth_entries}
     if width_entries:
         dims["width"] = width_entries
-    space = Space(dims)
+    return ConversionPlan([StagePlan(s.path) for s in stages], dims, groups, slices, norms)
 
-    # ---- phase 2: rewrite ---------------------------------------------------------------------------------------
-    for stage in stages:
-        for path, block, spec in stage.blocks:
-            if spec.width is None:
-                continue
-            group = block_groups[path]
-            outs, ins = set(spec.width.producers), set(spec.width.consumers)
-            for name in sorted(outs | ins):
-                layer = block.get_submodule(name)
-                out_group = group if name in outs else None
-                in_group = group if name in ins else None
-                cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
-                _replace(block, name, cls.from_module(layer, out_group, in_group))
-            for name in spec.width.norms:
-                _replace(block, name, SubnetNorm.from_module(block.get_submodule(name), group))
-        _replace(model, stage.path, LayerSelect.from_module(stage.module))
+
+def apply_conversion(model: nn.Module, plan: ConversionPlan, config: ConvertConfig) -> None:
+    """Phase 2 of :func:`convert`: insert the operators ``plan`` describes and wire the shared state."""
+    space = Space(plan.dims)  # validates the entries before anything changes
+    if len(space.entries("depth")) != len(plan.stages):
+        raise UnsupportedModelError(f"{len(plan.stages)} stages but {len(space.entries('depth'))} depth entries")
+    for path, factory in plan.custom.items():
+        _replace(model, path, factory(model.get_submodule(path)))
+    for path, (out_group, in_group) in plan.slices.items():
+        layer = model.get_submodule(path)
+        cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
+        _replace(model, path, cls.from_module(layer, out_group, in_group))
+    for path, group in plan.norms.items():
+        _replace(model, path, SubnetNorm.from_module(model.get_submodule(path), group))
     for path, module in list(model.named_modules()):
         if type(module) is nn.BatchNorm2d:
             _replace(model, path, SubnetNorm.from_module(module, None))
+    for stage in plan.stages:
+        _replace(model, stage.path, LayerSelect.from_module(model.get_submodule(stage.path), stage.rule))
 
-    ops = [m for m in model.modules() if isinstance(m, (LayerSelect, WeightSlice, SubnetNorm))]
+    ops = [m for m in model.modules() if isinstance(m, Operator)]
     index = {id(op): i for i, op in enumerate(ops)}
-    for stage_index, stage in enumerate(stages):
+    for stage_index, stage in enumerate(plan.stages):
         ls = model.get_submodule(stage.path)
         ls.depth_entry = stage_index
         ls.member_ops = [[index[id(m)] for m in block.modules() if id(m) in index] for block in ls]
-    state = ActuationState(space, ops, groups, config)
+    state = ActuationState(space, ops, plan.groups, config)
     for i, op in enumerate(ops):
         op._op_index = i
         op._subnetact_state = state
     model.__class__ = supernet_class(type(model))
     model._subnetact = state
     state.invalidate()
-    return model
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -177,7 +251,7 @@ def unconvert(model: nn.Module) -> nn.Module:
     if not isinstance(model, SupernetMixin):
         raise TypeError(f"model of type {type(model).__name__} is not a converted supernet")
     for path, module in reversed(list(model.named_modules())):
-        if isinstance(module, (LayerSelect, WeightSlice, SubnetNorm)):
+        if isinstance(module, Operator):
             _replace(model, path, module.to_base())
     del model._subnetact
     model.__class__ = type(model)._subnetact_base
@@ -212,7 +286,7 @@ def _find_stages(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] |
         if filter_fn is not None and not filter_fn(module, path):
             continue
         blocks = [(f"{path}.{name}", child, rule(child)) for (name, child), rule in zip(children, rules)]
-        for block_path, block, spec in blocks:
+        for block_path, _, spec in blocks:
             if not isinstance(spec, BlockSpec):
                 raise TypeError(f"the block rule for {block_path!r} returned {spec!r}, not a subnetact.BlockSpec")
         stages.append(_Stage(path, module, blocks))
@@ -238,7 +312,9 @@ def _check_channel_spec(path: str, block: nn.Module, spec: ChannelSpec) -> None:
         try:
             layer = block.get_submodule(name)
         except AttributeError:
-            raise UnsupportedModelError(f"block rule for {path!r} names {name!r}, which the block does not have") from None
+            raise UnsupportedModelError(
+                f"block rule for {path!r} names {name!r}, which the block does not have"
+            ) from None
         if type(layer) not in kinds:
             raise UnsupportedModelError(
                 f"block rule for {path!r} names {name!r} of type {type(layer).__qualname__}; "

@@ -5,11 +5,9 @@ from __future__ import annotations
 from torch import nn
 
 from .config import SubnetConfig
-from .layer_select import LayerSelect
+from .operator import Operator
 from .state import Plan
-from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin
-from .weight_slice import WeightSlice
 
 
 def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
@@ -31,12 +29,8 @@ def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
 
 
 def _rebuild(module: nn.Module, plan: Plan, root_class: type | None = None) -> nn.Module:
-    if isinstance(module, LayerSelect):
-        seq = nn.Sequential(*(_rebuild(block, plan) for block in plan.entries[module._op_index]))
-        seq.training = module.training
-        return seq
-    if isinstance(module, (WeightSlice, SubnetNorm)):
-        return module.to_dense(plan.entries[module._op_index])
+    if isinstance(module, Operator):
+        return module.export_dense(plan.entries[module._op_index], lambda child: _rebuild(child, plan))
     cls = root_class or type(module)
     new = cls.__new__(cls)
     new.__dict__ = module.__dict__.copy()

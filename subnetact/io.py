@@ -116,7 +116,8 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
     converted_here = not isinstance(model, SupernetMixin)
     if converted_here:
         # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.
-        convert(model, ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in header["convert_config"].items()}))
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in header["convert_config"].items()}
+        convert(model, ConvertConfig(**options))
     try:
         _load_validated(model, tensors, header, path)
     except CheckpointError:
@@ -133,7 +134,9 @@ def _load_validated(model: nn.Module, tensors: dict, header: dict, path: Path) -
     where = repr(str(path))
     space = Space.from_dict(header["space"])
     if space != state.space:
-        raise CheckpointError(f"{where} was saved from a model with a different space:\n{space}\nthe model has:\n{state.space}")
+        raise CheckpointError(
+            f"{where} was saved from a model with a different space:\n{space}\nthe model has:\n{state.space}"
+        )
     for alias, target in header["aliases"].items():
         tensors[alias] = tensors[target]
     expected = model.state_dict()
@@ -141,12 +144,15 @@ def _load_validated(model: nn.Module, tensors: dict, header: dict, path: Path) -
     missing = sorted(set(expected) - set(model_tensors))
     unexpected = sorted(set(model_tensors) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{where} does not match the model: missing keys {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(
+            f"{where} does not match the model: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}"
+        )
     for key, ref in expected.items():
         got = model_tensors[key]
         if got.shape != ref.shape or got.dtype != ref.dtype:
             raise CheckpointError(
-                f"{where}: {key!r} has shape {tuple(got.shape)} {got.dtype}, the model has {tuple(ref.shape)} {ref.dtype}"
+                f"{where}: {key!r} has shape {tuple(got.shape)} and dtype {got.dtype}; "
+                f"the model has {tuple(ref.shape)} and {ref.dtype}"
             )
     stats = {}
     for i, cfg_dict in enumerate(header["subnets"]):

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 
 from torch import nn
 
 from .config import SubnetConfig
+from .operator import Operator
 
 PREFIX = "prefix"
 EVERY_OTHER = "every_other"
@@ -29,7 +30,7 @@ def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
     raise ValueError(f"rule={rule!r} is not one of {RULES}")
 
 
-class LayerSelect(nn.Sequential):
+class LayerSelect(Operator, nn.Sequential):
     """A stage whose blocks are switched on and off by the active subnet's depth for this stage.
 
     It is an ``nn.Sequential`` holding the very same block modules under the same names, so the model's
@@ -71,6 +72,11 @@ class LayerSelect(nn.Sequential):
             x = block(x)
         return x
 
+    def export_dense(self, entry: tuple[nn.Module, ...], rebuild) -> nn.Sequential:
+        seq = nn.Sequential(*(rebuild(block) for block in entry))
+        seq.training = self.training
+        return seq
+
     def to_base(self) -> nn.Sequential:
         base = nn.Sequential()
         for name, block in self.named_children():
@@ -81,5 +87,5 @@ class LayerSelect(nn.Sequential):
     def extra_repr(self) -> str:
         return f"rule={self.rule!r}"
 
-    def __iter__(self) -> Iterable[nn.Module]:
+    def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._modules.values())

@@ -193,4 +193,3 @@ class ActuationState:
 
     def __getstate__(self) -> dict:
         raise TypeError("a converted model cannot be pickled; use subnetact.save(model, path) / subnetact.load")
-

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
+from .operator import Operator
 
 
-class SubnetNorm(nn.BatchNorm2d):
+class SubnetNorm(Operator, nn.BatchNorm2d):
     """``nn.BatchNorm2d`` whose eval-mode statistics belong to the active subnet.
 
     Registered subnets (the served set, see :func:`subnetact.calibrate`) each have their own mean and variance,

@@ -7,9 +7,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
+from .operator import Operator
 
 
-class WeightSlice:
+class WeightSlice(Operator):
     """Mixin of the weight-slicing layers. ``out_group`` / ``in_group`` index the model's channel groups (None: the
     dimension is not elastic). The parameters are the original layer's Parameters (same tensors, same storage);
     nothing is copied per subnet."""
