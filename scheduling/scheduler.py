@@ -316,25 +316,32 @@ class Scheduler:
 
     def _miss(self, entries: list[Entry]) -> None:
         t = self._clock()
-        self._metrics.record_drop(t, len(entries))
+        done = 0
         for e in entries:
             fut = e[3][0]
-            if fut.set_running_or_notify_cancel():
+            if fut.set_running_or_notify_cancel():  # False: the caller cancelled it while queued
+                done += 1
                 fut.set_exception(
                     DeadlineMissedError(
                         f"dropped: remaining slack {1e3 * (e[0] - t):.3f} ms is below the fastest latency the policy "
                         "can run"
                     )
                 )
+        self._metrics.record_drop(t, done)
+        self._metrics.record_cancel(t, len(entries) - done)
 
     def _fail(self, entries: list[Entry], exc: BaseException) -> None:
         if not entries:
             return
-        self._metrics.record_failure(self._clock(), len(entries))
+        t = self._clock()
+        done = 0
         for e in entries:
             fut = e[3][0]
             if fut.set_running_or_notify_cancel():
+                done += 1
                 fut.set_exception(exc)
+        self._metrics.record_failure(t, done)
+        self._metrics.record_cancel(t, len(entries) - done)
 
     # ------------------------------------------------------------------ shutdown and metrics
     def close(self, *, drain: bool = True, timeout: float | None = None) -> None:
@@ -358,7 +365,11 @@ class Scheduler:
         if cancelled:
             self._metrics.record_cancel(self._clock(), len(cancelled))
             for e in cancelled:
-                e[3][0].cancel()
+                fut = e[3][0]
+                fut.cancel()
+                # cancel() alone leaves the state CANCELLED, which concurrent.futures.wait()/as_completed() do not
+                # count as done; this moves it to CANCELLED_AND_NOTIFIED and wakes their waiters.
+                fut.set_running_or_notify_cancel()
         self._fail(orphans, NoWorkersError("scheduler closed with no live worker"))
         deadline = None if timeout is None else time.monotonic() + timeout
         for t in threads:
