@@ -1,0 +1,17 @@
+"""Importing subnetact must stay light: no CUDA initialisation, no torchvision or transformers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_import_subnetact_is_lean():
+    code = (
+        "import sys, torch, subnetact\n"
+        "assert not torch.cuda.is_initialized(), 'CUDA initialised'\n"
+        "heavy = [m for m in ('torchvision', 'transformers', 'ofa', 'scheduling') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
