@@ -178,6 +178,14 @@ def test_matches_reference_simulator(profile, arrivals, workers, drop_late, name
     # Batch bounds in the timeline.
     assert all(1 <= d.batch_size <= min(d.queue_len, max(profile.batch_sizes)) for d in r.decisions)
     assert sum(d.batch_size for d in r.decisions) == s.on_time + s.late
+    # Determinism: same inputs and seed, with latency noise and a worker failure, give the identical run.
+    noisy = SimConfig(
+        slo_s=slo, num_workers=workers, drop_late=drop_late, latency_noise="lognormal", seed=len(arrivals),
+        worker_failures=[0.2], record_timeline=True,
+    )  # fmt: skip
+    a, b = simulate(policy, arrivals, noisy), simulate(policy, arrivals, noisy)
+    assert (a.summary, a.decisions, a.outcomes, a.end_time) == (b.summary, b.decisions, b.outcomes, b.end_time)
+    assert a.summary.total == len(arrivals)
 
 
 def test_deterministic_with_noise_and_seed_sensitive():
