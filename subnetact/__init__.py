@@ -8,6 +8,7 @@
 Importing this package never initialises CUDA and never imports torchvision or transformers.
 """
 
+from . import hf  # registers the Hugging Face adapters by class name; imports no transformers
 from .calibrate import calibrate
 from .config import SubnetConfig
 from .convert import ConvertConfig, convert, unconvert
@@ -19,8 +20,9 @@ from .errors import (
     UnsupportedModelError,
 )
 from .export import export
+from .hf import reorder
 from .io import load, save
-from .layer_select import LayerSelect, kept_layers
+from .layer_select import LayerSelect, LayerSelectList, kept_layers
 from .rules import BlockSpec, ChannelSpec, register_block_rule
 from .space import Entry, Space
 from .subnet_norm import SubnetNorm
@@ -37,6 +39,7 @@ __all__ = [
     "Entry",
     "InvalidSubnetError",
     "LayerSelect",
+    "LayerSelectList",
     "Space",
     "SubnetActError",
     "SubnetConfig",
@@ -51,9 +54,11 @@ __all__ = [
     "calibrate",
     "convert",
     "export",
+    "hf",
     "kept_layers",
     "load",
     "register_block_rule",
+    "reorder",
     "save",
     "unconvert",
 ]

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from torch import nn
 
 from .errors import UnsupportedModelError
-from .layer_select import PREFIX, LayerSelect
+from .layer_select import PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
 from .space import Entry, Space
@@ -122,7 +122,8 @@ def convert(
 
 @dataclass
 class StagePlan:
-    """One ``LayerSelect`` to insert: the ``nn.Sequential`` at ``path``, and how it keeps blocks."""
+    """One ``LayerSelect`` to insert: the ``nn.Sequential`` at ``path`` (or an ``nn.ModuleList`` that its owner loops
+    over, which becomes a :class:`LayerSelectList`), and how it keeps blocks."""
 
     path: str
     rule: str = PREFIX
@@ -140,6 +141,8 @@ class ConversionPlan:
         norms: BatchNorm path -> group (None: not sliced). Every other ``nn.BatchNorm2d`` becomes an unsliced
             SubnetNorm.
         custom: path -> factory building a user-defined :class:`~subnetact.operator.Operator` from the module there.
+        links: keyword -> dimensions it sets together (:class:`~subnetact.Space` links), e.g.
+            ``{"width": ("heads", "ffn")}``.
     """
 
     stages: list[StagePlan]
@@ -148,6 +151,7 @@ class ConversionPlan:
     slices: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     norms: dict[str, int | None] = field(default_factory=dict)
     custom: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)
+    links: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], ConversionPlan]
@@ -211,7 +215,7 @@ def analyse_blocks(
 
 def apply_conversion(model: nn.Module, plan: ConversionPlan, config: ConvertConfig) -> None:
     """Phase 2 of :func:`convert`: insert the operators ``plan`` describes and wire the shared state."""
-    space = Space(plan.dims)  # validates the entries before anything changes
+    space = Space(plan.dims, plan.links)  # validates the entries before anything changes
     if len(space.entries("depth")) != len(plan.stages):
         raise UnsupportedModelError(f"{len(plan.stages)} stages but {len(space.entries('depth'))} depth entries")
     for path, factory in plan.custom.items():
@@ -226,14 +230,17 @@ def apply_conversion(model: nn.Module, plan: ConversionPlan, config: ConvertConf
         if type(module) is nn.BatchNorm2d:
             _replace(model, path, SubnetNorm.from_module(module, None))
     for stage in plan.stages:
-        _replace(model, stage.path, LayerSelect.from_module(model.get_submodule(stage.path), stage.rule))
+        module = model.get_submodule(stage.path)
+        cls = LayerSelectList if isinstance(module, nn.ModuleList) else LayerSelect
+        _replace(model, stage.path, cls.from_module(module, stage.rule))
 
     ops = [m for m in model.modules() if isinstance(m, Operator)]
     index = {id(op): i for i, op in enumerate(ops)}
     for stage_index, stage in enumerate(plan.stages):
         ls = model.get_submodule(stage.path)
         ls.depth_entry = stage_index
-        ls.member_ops = [[index[id(m)] for m in block.modules() if id(m) in index] for block in ls]
+        # children(), not iteration: a LayerSelectList iterates over the active blocks only.
+        ls.member_ops = [[index[id(m)] for m in block.modules() if id(m) in index] for block in ls.children()]
     state = ActuationState(space, ops, plan.groups, config)
     for i, op in enumerate(ops):
         op._op_index = i

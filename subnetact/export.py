@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 from torch import nn
 
 from .config import SubnetConfig
@@ -25,7 +28,41 @@ def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
         raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
     state = model._subnetact
     plan = state.default if config is None else state.plan_for(config)
-    return _rebuild(model, plan, root_class=type(model)._subnetact_base)
+    base = type(model)._subnetact_base
+    dense = _rebuild(model, plan, root_class=base)
+    hook = _find_export_hook(base)
+    return dense if hook is None else hook(model, plan, dense)
+
+
+ExportHook = Callable[[nn.Module, Plan, nn.Module], nn.Module]
+_EXPORT_HOOKS: dict[type | str, ExportHook] = {}
+
+
+def register_export_hook(model_type: type | str) -> Callable[[ExportHook], ExportHook]:
+    """Decorator registering ``(supernet, plan, dense) -> dense`` for a class (or its ``"module.QualName"``, so the
+    class's library need not be imported). It runs after the generic rebuild on the rebuilt model and returns the
+    final export, e.g. giving a Hugging Face model the smaller config that matches its narrower layers."""
+
+    def decorator(hook: ExportHook) -> ExportHook:
+        _EXPORT_HOOKS[model_type] = hook
+        return hook
+
+    return decorator
+
+
+def _find_export_hook(cls: type) -> ExportHook | None:
+    for klass in cls.__mro__:
+        hook = _EXPORT_HOOKS.get(klass) or _EXPORT_HOOKS.get(f"{klass.__module__}.{klass.__qualname__}")
+        if hook is not None:
+            return hook
+    return None
+
+
+_HOOK_TABLES = tuple(
+    name
+    for name in vars(nn.Module()).keys()
+    if name.endswith(("_hooks", "_hooks_with_kwargs", "_hooks_always_called")) and not name.startswith("__")
+)
 
 
 def _rebuild(module: nn.Module, plan: Plan, root_class: type | None = None) -> nn.Module:
@@ -35,6 +72,11 @@ def _rebuild(module: nn.Module, plan: Plan, root_class: type | None = None) -> n
     new = cls.__new__(cls)
     new.__dict__ = module.__dict__.copy()
     new.__dict__.pop("_subnetact", None)
+    # Own hook tables: shared ones would let a hook registered later on either model fire on both (Hugging Face
+    # models register their output-capturing hooks on the first forward).
+    for name in _HOOK_TABLES:
+        if name in module.__dict__:
+            new.__dict__[name] = copy.copy(module.__dict__[name])
     # Fresh containers (the shallow copy above shares them) and independent tensors.
     new._parameters = {
         name: None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)

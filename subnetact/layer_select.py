@@ -89,3 +89,62 @@ class LayerSelect(Operator, nn.Sequential):
 
     def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._modules.values())
+
+
+class LayerSelectList(Operator, nn.ModuleList):
+    """:class:`LayerSelect` for a stage held in an ``nn.ModuleList`` whose owner loops over it (the encoder of a
+    Hugging Face transformer: ``for layer in self.layer: hidden = layer(hidden, ...)``).
+
+    The owner's loop stays as it is: iterating yields the blocks the active subnet runs, in order, so the owner
+    runs exactly those, with whatever arguments it passes them. Everything else sees the full list:
+    ``len()``, indexing, ``children()``, ``named_modules()`` and ``state_dict()`` cover every block under its
+    original name, so checkpoints keep their keys.
+    """
+
+    def __init__(self, blocks: list[nn.Module] | None = None, rule: str = PREFIX) -> None:
+        super().__init__(blocks)
+        if rule not in RULES:
+            raise ValueError(f"rule={rule!r} is not one of {RULES}")
+        self.rule = rule
+        self.depth_entry = -1  # index into the space's ``depth`` dimension; set by convert
+        self.member_ops: list[list[int]] = []  # operator indices inside each block; set by convert
+
+    @classmethod
+    def from_module(cls, stage: nn.ModuleList, rule: str = PREFIX) -> LayerSelectList:
+        new = cls(rule=rule)
+        for name, block in stage.named_children():
+            new.add_module(name, block)
+        new.training = stage.training
+        return new
+
+    def kept_positions(self, cfg: SubnetConfig) -> list[int]:
+        return kept_layers(len(self), int(cfg["depth"][self.depth_entry]), self.rule)
+
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple[nn.Module, ...]:
+        children = list(self._modules.values())
+        return tuple(children[i] for i in self.kept_positions(cfg))
+
+    def active_blocks(self) -> tuple[nn.Module, ...]:
+        """The blocks the current subnet runs, in order."""
+        return self._subnetact_state.current().entries[self._op_index]
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._subnetact_state.current().entries[self._op_index])
+
+    def export_dense(self, entry: tuple[nn.Module, ...], rebuild) -> nn.ModuleList:
+        blocks = nn.ModuleList([rebuild(block) for block in entry])
+        blocks.training = self.training
+        return blocks
+
+    def to_base(self) -> nn.ModuleList:
+        base = nn.ModuleList()
+        for name, block in self.named_children():
+            base.add_module(name, block)
+        base.training = self.training
+        return base
+
+    def extra_repr(self) -> str:
+        return f"rule={self.rule!r}"
+
+    # ModuleList's repr iterates ``self`` (the active blocks only); show every block, as ``state_dict`` does.
+    __repr__ = nn.Module.__repr__

@@ -49,6 +49,10 @@ class Space:
 
     Args:
         dims: dimension name -> entries, in a fixed order (``depth`` first, then ``width``, then extras).
+        links: keyword name -> dimensions it sets together, e.g. ``{"width": ("heads", "ffn")}`` for a transformer
+            whose attention heads and FFN neurons are separate dimensions that ``width=`` moves in step. A link is a
+            keyword of :meth:`make` and ``model.actuate`` only, not a dimension: configs never contain it, and it
+            takes no part in equality or :meth:`to_dict` (the set of subnets does not depend on it).
 
     Example::
 
@@ -59,10 +63,25 @@ class Space:
         True
     """
 
-    def __init__(self, dims: Mapping[str, Sequence[Entry]]) -> None:
+    def __init__(self, dims: Mapping[str, Sequence[Entry]], links: Mapping[str, Sequence[str]] | None = None) -> None:
         if not dims:
             raise InvalidSubnetError("a Space needs at least one dimension")
         self._dims: dict[str, tuple[Entry, ...]] = {name: tuple(entries) for name, entries in dims.items()}
+        self._links: dict[str, tuple[str, ...]] = {}
+        for name, targets in (links or {}).items():
+            targets = tuple(targets)
+            if name in self._dims:
+                raise InvalidSubnetError(f"link {name!r} has the name of a dimension; dimensions are {self.dims}")
+            unknown = [t for t in targets if t not in self._dims]
+            if not targets or unknown:
+                raise InvalidSubnetError(
+                    f"link {name!r} -> {targets!r} must name existing dimensions (unknown: {unknown}); "
+                    f"dimensions are {self.dims}"
+                )
+            if len({len(self._dims[t]) for t in targets}) != 1:
+                counts = {t: len(self._dims[t]) for t in targets}
+                raise InvalidSubnetError(f"link {name!r} joins dimensions with different entry counts {counts}")
+            self._links[name] = targets
 
     # -- structure -----------------------------------------------------------------------------------------------
     @property
@@ -73,7 +92,32 @@ class Space:
         try:
             return self._dims[dim]
         except KeyError:
-            raise InvalidSubnetError(f"the space has no dimension {dim!r}; it has {self.dims}") from None
+            hint = f" ({dim!r} is a link to {self._links[dim]})" if dim in self._links else ""
+            raise InvalidSubnetError(f"the space has no dimension {dim!r}{hint}; it has {self.dims}") from None
+
+    @property
+    def links(self) -> dict[str, tuple[str, ...]]:
+        """Keyword name -> the dimensions it sets together (see the class docstring)."""
+        return dict(self._links)
+
+    def expand_links(self, dims: Mapping[str, Any]) -> dict[str, Any]:
+        """``dims`` with every link keyword replaced by its dimensions, each given the link's value.
+
+        Raises:
+            InvalidSubnetError: a link and one of its dimensions are both given.
+        """
+        out = {k: v for k, v in dims.items() if k not in self._links}
+        for name, targets in self._links.items():
+            if name not in dims:
+                continue
+            both = [t for t in targets if t in dims]
+            if both:
+                raise InvalidSubnetError(
+                    f"{name}={dims[name]!r} sets {targets}, so it cannot be combined with {both[0]}="
+                    f"{dims[both[0]]!r}; pass either {name}= or the separate dimensions {', '.join(targets)}"
+                )
+            out.update(dict.fromkeys(targets, dims[name]))
+        return out
 
     @property
     def size(self) -> int:
@@ -116,10 +160,11 @@ class Space:
     def make(self, **dims: Any) -> SubnetConfig:
         """Build and validate a config; a scalar applies to every entry of its dimension.
 
-        ``space.make(depth=2, width=[0.5] * 16)`` is ``depth=(2, 2, 2, 2)`` for a four-stage space.
+        ``space.make(depth=2, width=[0.5] * 16)`` is ``depth=(2, 2, 2, 2)`` for a four-stage space. A link
+        keyword (see :attr:`links`) sets each of its dimensions to its value.
         """
         expanded = {}
-        for dim, value in dims.items():
+        for dim, value in self.expand_links(dims).items():
             entries = self.entries(dim)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 expanded[dim] = (value,) * len(entries)

@@ -106,7 +106,9 @@ class ActuationState:
                 self._lru[cfg] = plan
                 while len(self._lru) > PLAN_CACHE_SIZE:
                     self._lru.popitem(last=False)
-        if not plan.calibrated and cfg != self.max_config and cfg not in self._warned:
+        # Only models with norms to calibrate warn (a transformer supernet has none: LayerNorm is not sliced).
+        has_norms = not plan.calibrated and any(getattr(op, "is_subnet_norm", False) for op in self.ops)
+        if has_norms and cfg != self.max_config and cfg not in self._warned:
             self._warned.add(cfg)
             warnings.warn(
                 f"subnet {cfg.id} has no calibrated SubnetNorm statistics, so its BatchNorm layers use the "

@@ -76,8 +76,9 @@ class SupernetMixin:
         Args:
             config: a :class:`SubnetConfig` (or its ``to_dict()`` form). Mutually exclusive with the keywords.
             depth: blocks per stage: an int for every stage or one int per stage.
-            width: channel fraction per block: a float for every block or one float per block.
-            **dims: further dimensions the space defines. Dimensions not given keep their active values.
+            width: channel fraction per block: a float for every block or one float per block. Where the space
+                links ``width`` to several dimensions (a transformer's ``heads`` and ``ffn``), it sets them all.
+            **dims: further dimensions (or links) the space defines. Dimensions not given keep their active values.
 
         Returns:
             The config now active (values snapped to the space's exact choices).
@@ -106,7 +107,7 @@ class SupernetMixin:
                 config = SubnetConfig.from_dict(config)
         elif keywords:
             merged: dict[str, Any] = dict(state.default_config.items())
-            merged.update(keywords)
+            merged.update(state.space.expand_links(keywords))  # e.g. width= -> heads= and ffn= (Space links)
             config = state.space.make(**merged)
         else:
             raise InvalidSubnetError("actuate() needs a config or at least one of depth=, width=")

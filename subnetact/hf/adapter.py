@@ -1,0 +1,146 @@
+"""Conversion and export of Hugging Face encoders (BERT, RoBERTa, ViT) as DynaBERT-style supernets (issue 5).
+
+Space of a converted model with ``L`` layers:
+
+- ``depth``: one entry (the layer list), choices ``min_depth..L``; ``D`` runs layers ``[floor(i * L / D) for i in
+  range(D)]`` (DynaBERT's rule, :func:`subnetact.kept_layers` with ``"every_other"``).
+- ``heads``: one entry per layer; a fraction ``w`` keeps the first ``ceil(w * H)`` whole heads (q/k/v output rows,
+  the output projection's input columns).
+- ``ffn``: one entry per layer; ``w`` keeps the first ``ceil(w * I)`` FFN neurons (``fc1`` rows, ``fc2`` columns).
+- the link ``width -> (heads, ffn)``: ``model.actuate(width=w)`` sets both, as DynaBERT's single width multiplier
+  does; ``model.actuate(heads=..., ffn=...)`` sets them separately.
+
+Hidden size, embeddings and LayerNorms are not sliced. No custom attention operator is needed: every supported
+family reshapes q/k/v as ``view(B, T, -1, head_size)``, so narrower projections simply give fewer heads, with any
+attention implementation (eager, sdpa, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+
+from torch import nn
+
+from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
+from ..errors import UnsupportedModelError
+from ..export import register_export_hook
+from ..layer_select import EVERY_OTHER
+from ..space import Entry
+from ..state import ChannelGroup, Plan
+from .families import TransformerFamily, all_layer_parts, find_layers
+
+WIDTH_LINK = {"width": ("heads", "ffn")}
+
+
+def active_heads(width: float, heads: int) -> int:
+    """Whole heads kept at ``width``: ``ceil(width * heads)``, at least 1."""
+    # The 1e-9 keeps ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
+    return max(1, math.ceil(width * heads - 1e-9))
+
+
+def active_neurons(width: float, size: int) -> int:
+    """FFN neurons kept at ``width``: ``ceil(width * size)``, at least 1."""
+    return max(1, math.ceil(width * size - 1e-9))
+
+
+def analyse(
+    model: nn.Module,
+    config: ConvertConfig,
+    filter_fn: Callable[[nn.Module, str], bool] | None,
+    family: TransformerFamily,
+) -> ConversionPlan:
+    """Phase 1 of :func:`subnetact.convert` for a Hugging Face encoder: validate and describe, change nothing."""
+    hf_config = getattr(model, "config", None)
+    if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
+        raise UnsupportedModelError(
+            f"{type(model).__qualname__} is configured as a decoder (is_decoder={hf_config.is_decoder}, "
+            f"add_cross_attention={hf_config.add_cross_attention}); subnetact converts encoders only"
+        )
+    path, layers = find_layers(model, family)
+    if filter_fn is not None and not filter_fn(layers, path):
+        raise UnsupportedModelError(
+            f"filter_fn rejected {path!r}, the only stage of {type(model).__qualname__} (its encoder layers); "
+            "nothing would be converted"
+        )
+    _, parts = all_layer_parts(model, family)
+    n = len(parts)
+    heads_entries, ffn_entries, groups = [], [], []
+    slices: dict[str, tuple[int | None, int | None]] = {}
+    for i, p in enumerate(parts):
+        hg, fg = 2 * i, 2 * i + 1
+        head_sizes = tuple((w, p.head_size * active_heads(w, p.heads)) for w in config.width_choices)
+        ffn_sizes = tuple((w, active_neurons(w, p.ffn)) for w in config.width_choices)
+        groups.append(ChannelGroup("heads", i, p.heads * p.head_size, head_sizes))
+        groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
+        heads_entries.append(Entry(f"{p.path}.{family.attention}", config.width_choices))
+        ffn_entries.append(Entry(f"{p.path}.{family.fc1}", config.width_choices))
+        for name in (family.query, family.key, family.value):
+            slices[f"{p.path}.{name}"] = (hg, None)
+        slices[f"{p.path}.{family.out}"] = (None, hg)
+        slices[f"{p.path}.{family.fc1}"] = (fg, None)
+        slices[f"{p.path}.{family.fc2}"] = (None, fg)
+    dims = {
+        "depth": [Entry(path, tuple(range(min(config.min_depth, n), n + 1)))],
+        "heads": heads_entries,
+        "ffn": ffn_entries,
+    }
+    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, links=dict(WIDTH_LINK))
+
+
+def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: TransformerFamily) -> nn.Module:
+    """Turn the generic rebuild of a converted encoder into a self-consistent Hugging Face model.
+
+    ``dense`` already has the kept layers with narrower ``nn.Linear`` layers. This gives it (and every submodule
+    that held the supernet's config) a new config with ``num_hidden_layers=D`` and, when every kept layer has the
+    same widths, ``num_attention_heads`` and ``intermediate_size`` of the subnet; and it sets each attention
+    module's head count (and ``all_head_size``) to its kept heads, keeping the supernet's head size.
+    """
+    state = model._subnetact
+    cfg = plan.config
+    sizes = state.group_sizes(cfg)
+    _, layers = find_layers(model, family)
+    _, parts = all_layer_parts(model, family, plain=False)
+    kept = layers.kept_positions(cfg)
+    heads = [sizes[2 * i] // parts[i].head_size for i in kept]
+    ffn = [sizes[2 * i + 1] for i in kept]
+    head_size = parts[0].head_size
+
+    old_config = model.config
+    new_config = copy.deepcopy(old_config)
+    new_config.num_hidden_layers = len(kept)
+    uniform = len(set(heads)) == 1 and len(set(ffn)) == 1 and len({p.head_size for p in parts}) == 1
+    if uniform:
+        new_config.num_attention_heads = heads[0]
+        new_config.intermediate_size = ffn[0]
+        if family.config_head_dim is not None:
+            setattr(new_config, family.config_head_dim, head_size)
+    # Provenance, and the per-layer shapes a config cannot express otherwise (JSON-serialisable, so it survives
+    # save_pretrained).
+    new_config.subnetact_subnet = {
+        "config": cfg.to_dict(),
+        "supernet_layers": list(kept),
+        "num_attention_heads": heads,
+        "intermediate_size": ffn,
+        "attention_head_size": [parts[i].head_size for i in kept],
+    }
+    for module in dense.modules():
+        if getattr(module, "config", None) is old_config:
+            module.config = new_config
+    _, dense_layers = find_layers(dense, family)
+    for j, (layer, h, i) in enumerate(zip(dense_layers, heads, kept)):
+        attention = layer.get_submodule(family.attention)
+        setattr(attention, family.heads_attr, h)
+        if family.all_head_size_attr is not None:
+            setattr(attention, family.all_head_size_attr, h * parts[i].head_size)
+        for m in layer.modules():
+            if getattr(m, "layer_idx", None) is not None:
+                m.layer_idx = j  # cache slot of the layer, numbered in the dense model
+    return dense
+
+
+def install(qualname: str, family: TransformerFamily) -> None:
+    """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
+    register_model_adapter(qualname)(lambda model, config, filter_fn: analyse(model, config, filter_fn, family))
+    register_export_hook(qualname)(lambda model, plan, dense: export_hook(model, plan, dense, family))

@@ -1,0 +1,231 @@
+"""Where the elastic parts of a Hugging Face encoder live: one :class:`TransformerFamily` per model family.
+
+Nothing here imports ``transformers``: models are recognised by class name and their modules reached by path, so
+``import subnetact`` stays light.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from ..errors import UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class TransformerFamily:
+    """The module paths of one encoder layer of a Hugging Face model family (paths relative to the layer).
+
+    Args:
+        name: family name, for messages (``"bert"``).
+        layer_class: class name of one encoder layer (``"BertLayer"``); the model's ``nn.ModuleList`` of these is
+            the depth stage.
+        attention: the self-attention module, which holds the head count and the head size as attributes.
+        query, key, value: the q/k/v projections (their output rows are sliced by whole heads).
+        out: the attention output projection (its input columns are sliced by whole heads).
+        fc1, fc2: the FFN's first projection (output rows sliced) and second projection (input columns sliced).
+        heads_attr, head_size_attr: attribute names of the head count and head size on ``attention``.
+        all_head_size_attr: attribute holding ``heads * head_size`` on ``attention``, if the family has one.
+        config_head_dim: config attribute the family reads the head size from (ViT: ``"head_dim"``), so an exported
+            model with fewer heads gets a config that rebuilds the same shapes; None where the head size is always
+            ``hidden_size // num_attention_heads`` (BERT, RoBERTa).
+    """
+
+    name: str
+    layer_class: str
+    attention: str
+    query: str
+    key: str
+    value: str
+    out: str
+    fc1: str
+    fc2: str
+    heads_attr: str = "num_attention_heads"
+    head_size_attr: str = "attention_head_size"
+    all_head_size_attr: str | None = "all_head_size"
+    config_head_dim: str | None = None
+
+
+BERT = TransformerFamily(
+    name="bert",
+    layer_class="BertLayer",
+    attention="attention.self",
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    out="attention.output.dense",
+    fc1="intermediate.dense",
+    fc2="output.dense",
+)
+ROBERTA = TransformerFamily(
+    name="roberta",
+    layer_class="RobertaLayer",
+    attention="attention.self",
+    query="attention.self.query",
+    key="attention.self.key",
+    value="attention.self.value",
+    out="attention.output.dense",
+    fc1="intermediate.dense",
+    fc2="output.dense",
+)
+VIT = TransformerFamily(
+    name="vit",
+    layer_class="ViTLayer",
+    attention="attention",
+    query="attention.q_proj",
+    key="attention.k_proj",
+    value="attention.v_proj",
+    out="attention.o_proj",
+    fc1="mlp.fc1",
+    fc2="mlp.fc2",
+    head_size_attr="head_dim",
+    all_head_size_attr=None,
+    config_head_dim="head_dim",
+)
+
+# "module.QualName" of each supported model class -> its family.
+_FAMILIES: dict[str, TransformerFamily] = {}
+
+
+def family_of(model: nn.Module) -> TransformerFamily | None:
+    """The registered family of ``model``'s class (or of its original class, for a converted model)."""
+    cls = getattr(type(model), "_subnetact_base", type(model))
+    for klass in cls.__mro__:
+        family = _FAMILIES.get(f"{klass.__module__}.{klass.__qualname__}")
+        if family is not None:
+            return family
+    return None
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """The elastic modules of one encoder layer, and its head geometry."""
+
+    path: str  # e.g. "bert.encoder.layer.3"
+    layer: nn.Module
+    attention: nn.Module
+    query: nn.Module
+    key: nn.Module
+    value: nn.Module
+    out: nn.Module
+    fc1: nn.Module
+    fc2: nn.Module
+    heads: int
+    head_size: int
+
+    @property
+    def ffn(self) -> int:
+        return self.fc1.out_features
+
+
+def find_layers(model: nn.Module, family: TransformerFamily) -> tuple[str, nn.ModuleList]:
+    """The path and the ``nn.ModuleList`` of ``family.layer_class`` layers of ``model`` (exactly one must exist)."""
+    found = [
+        (path, module)
+        for path, module in model.named_modules()
+        if isinstance(module, nn.ModuleList)
+        and len(module) > 0
+        and all(type(child).__name__ == family.layer_class for child in module.children())
+    ]
+    if len(found) != 1:
+        where = [path for path, _ in found]
+        raise UnsupportedModelError(
+            f"{type(model).__qualname__}: expected exactly one nn.ModuleList of {family.layer_class} "
+            f"(the {family.name} encoder layers), found {len(found)} {where}"
+        )
+    return found[0]
+
+
+def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain: bool = True) -> LayerParts:
+    """Reach and check the elastic modules of one layer.
+
+    Args:
+        plain: require exact ``nn.Linear`` projections (before conversion); False also accepts subclasses (the
+            converted ``WeightSliceLinear``).
+
+    Raises:
+        UnsupportedModelError: a module is missing, is not a linear layer, or the shapes do not match the heads.
+    """
+
+    def get(name: str) -> nn.Module:
+        try:
+            module = layer.get_submodule(name)
+        except AttributeError:
+            raise UnsupportedModelError(
+                f"{path} ({type(layer).__qualname__}) has no submodule {name!r} ({family.name} layout expected)"
+            ) from None
+        ok = type(module) is nn.Linear if plain else isinstance(module, nn.Linear)
+        if not ok:
+            raise UnsupportedModelError(
+                f"{path}.{name} is a {type(module).__qualname__}; subnetact slices plain torch.nn.Linear projections "
+                "(quantised or adapter-wrapped layers are not supported)"
+            )
+        return module
+
+    attention = layer.get_submodule(family.attention)
+    heads = getattr(attention, family.heads_attr, None)
+    head_size = getattr(attention, family.head_size_attr, None)
+    if not isinstance(heads, int) or not isinstance(head_size, int):
+        raise UnsupportedModelError(
+            f"{path}.{family.attention} has {family.heads_attr}={heads!r} and {family.head_size_attr}={head_size!r}; "
+            "expected two ints"
+        )
+    parts = LayerParts(
+        path,
+        layer,
+        attention,
+        *(get(n) for n in (family.query, family.key, family.value, family.out, family.fc1, family.fc2)),
+        heads=heads,
+        head_size=head_size,
+    )
+    width = heads * head_size
+    for name, size in (
+        (family.query, parts.query.out_features),
+        (family.key, parts.key.out_features),
+        (family.value, parts.value.out_features),
+        (family.out, parts.out.in_features),
+    ):
+        if size != width:
+            raise UnsupportedModelError(
+                f"{path}.{name} has {size} head features but the layer has {heads} heads of {head_size}"
+            )
+    if parts.fc2.in_features != parts.fc1.out_features:
+        raise UnsupportedModelError(
+            f"{path}.{family.fc2} takes {parts.fc2.in_features} features but {family.fc1} gives "
+            f"{parts.fc1.out_features}"
+        )
+    return parts
+
+
+def all_layer_parts(
+    model: nn.Module, family: TransformerFamily, *, plain: bool = True
+) -> tuple[str, list[LayerParts]]:
+    """The layer list's path and every layer's parts, in order."""
+    path, layers = find_layers(model, family)
+    return path, [layer_parts(f"{path}.{name}", layer, family, plain=plain) for name, layer in layers.named_children()]
+
+
+def register_family(family: TransformerFamily, classes: Sequence[str]) -> None:
+    """Make :func:`subnetact.convert`, ``export`` and :func:`subnetact.reorder` handle ``classes``.
+
+    Args:
+        family: where the family's elastic modules live.
+        classes: ``"module.QualName"`` of each model class, e.g.
+            ``"transformers.models.bert.modeling_bert.BertForTokenClassification"`` (a name, so ``transformers`` is
+            not imported).
+
+    Example::
+
+        >>> subnetact.hf.register_family(subnetact.hf.BERT, ["transformers.models.bert.modeling_bert.BertForMaskedLM"])
+    """
+    from .adapter import install
+
+    if not isinstance(family, TransformerFamily):
+        raise TypeError(f"family={family!r} must be a subnetact.hf.TransformerFamily")
+    if isinstance(classes, str) or not all(isinstance(c, str) and "." in c for c in classes):
+        raise ValueError(f"classes={classes!r} must be a list of 'module.QualName' strings")
+    for qualname in classes:
+        _FAMILIES[qualname] = family
+        install(qualname, family)

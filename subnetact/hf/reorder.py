@@ -1,0 +1,208 @@
+"""``reorder``: sort each layer's attention heads and FFN neurons by importance, most important first.
+
+Prefix slicing keeps the *first* heads and neurons, so it is only sensible after this reordering (DynaBERT does
+it once, before width-adaptive training). The permutation changes no function of the full model: heads and FFN
+neurons are summed over by the layer's output projection, and each is moved together with all its weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .families import LayerParts, TransformerFamily, all_layer_parts, family_of
+
+SCORES = ("taylor", "l1")
+
+
+@dataclass(frozen=True)
+class ReorderResult:
+    """What :func:`reorder` did, per encoder layer (index = layer index in the supernet).
+
+    Attributes:
+        head_order: ``head_order[l][j]`` is the original index of the head now at position ``j``; shape (H,).
+        ffn_order: the same for FFN neurons; shape (I,).
+        head_importance: the score of each original head; shape (H,).
+        ffn_importance: the score of each original neuron; shape (I,).
+    """
+
+    head_order: list[torch.Tensor]
+    ffn_order: list[torch.Tensor]
+    head_importance: list[torch.Tensor]
+    ffn_importance: list[torch.Tensor]
+
+
+def reorder(
+    model: nn.Module,
+    batches: Iterable[Any] | None = None,
+    *,
+    score: str = "taylor",
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+) -> ReorderResult:
+    """Permute, in place, every encoder layer's heads and FFN neurons into decreasing importance.
+
+    Works on a plain Hugging Face model of a supported family or on one returned by :func:`subnetact.convert`
+    (scored at full width; its compiled plans stay valid, since the Parameters keep their storage).
+
+    Scores (accumulated over ``batches``, per batch in absolute value, as DynaBERT does):
+
+    - ``"taylor"`` (default; DynaBERT's ``compute_neuron_head_importance``): a head's score is
+      ``|dL/dm_h|`` for a multiplicative mask ``m_h = 1`` on the head's attention output (what DynaBERT gets from
+      ``head_mask``, which transformers 5 removed; here a hook applies the mask at the output projection's input).
+      A neuron's score is ``|sum(W1 * dW1) + b1 * db1| + |sum(W2 * dW2)|`` over its row of ``fc1`` and its column
+      of ``fc2``, computed equivalently as ``|dL/dm| + |dL/dm'|`` for masks on ``fc1``'s output and ``fc2``'s input
+      (so frozen parameters work too). ``L`` is ``loss_fn(outputs, batch)`` or, by default, ``outputs.loss``
+      (batches carrying ``labels``).
+    - ``"l1"`` (data-free, ``batches`` not needed; OFA's ``re_organize_middle_weights``): the L1 norm of the
+      weights that consume the head or neuron (the output projection's columns of the head, ``fc2``'s column).
+
+    Args:
+        model: a BERT, RoBERTa or ViT model (base or classification), converted or not.
+        batches: model inputs: mappings (``model(**batch)``), tuples (``model(*batch)``) or tensors
+            (``model(batch)``), e.g. ``{"input_ids": (B, T), "attention_mask": (B, T), "labels": (B,)}``. Run in eval
+            mode (no dropout) with gradients enabled.
+        score: ``"taylor"`` or ``"l1"``.
+        loss_fn: ``(outputs, batch) -> scalar loss``; default ``outputs.loss``.
+
+    Returns:
+        The permutations and scores, see :class:`ReorderResult`.
+
+    Raises:
+        UnsupportedModelError: ``model`` is not of a supported family.
+        ValueError: bad ``score``, no batches for ``"taylor"``, or no loss. Nothing is permuted then.
+
+    Example::
+
+        >>> model = subnetact.convert(BertForSequenceClassification(config))
+        >>> subnetact.reorder(model, [{"input_ids": ids, "attention_mask": mask, "labels": y}])
+        >>> model.actuate(width=0.25)   # now the most important quarter of the heads and neurons
+    """
+    if score not in SCORES:
+        raise ValueError(f"score={score!r} is not one of {SCORES}")
+    if loss_fn is not None and not callable(loss_fn):
+        raise ValueError(f"loss_fn={loss_fn!r} must be a callable (outputs, batch) -> scalar loss tensor, or None")
+    family = family_of(model)
+    if family is None:
+        raise UnsupportedModelError(
+            f"reorder does not know {type(model).__qualname__}; supported are BERT, RoBERTa and ViT models "
+            "(register others with subnetact.hf.register_family)"
+        )
+    _, parts = all_layer_parts(model, family, plain=False)
+    if score == "l1":
+        head_scores = [_l1_heads(p) for p in parts]
+        ffn_scores = [p.fc2.weight.detach().abs().sum(dim=0) for p in parts]
+    else:
+        if batches is None:
+            raise ValueError("batches=None: score='taylor' needs data (or use score='l1', which needs none)")
+        head_scores, ffn_scores = _taylor(model, family, parts, batches, loss_fn)
+
+    # Phase 2: permute (everything above only read the model).
+    head_order = [torch.argsort(s, descending=True, stable=True) for s in head_scores]
+    ffn_order = [torch.argsort(s, descending=True, stable=True) for s in ffn_scores]
+    with torch.no_grad():
+        for p, h_order, f_order in zip(parts, head_order, ffn_order):
+            rows = (h_order[:, None] * p.head_size + torch.arange(p.head_size)).flatten().to(p.query.weight.device)
+            for proj in (p.query, p.key, p.value):
+                _permute(proj.weight, 0, rows)
+                if proj.bias is not None:
+                    _permute(proj.bias, 0, rows)
+            _permute(p.out.weight, 1, rows)
+            f_rows = f_order.to(p.fc1.weight.device)
+            _permute(p.fc1.weight, 0, f_rows)
+            if p.fc1.bias is not None:
+                _permute(p.fc1.bias, 0, f_rows)
+            _permute(p.fc2.weight, 1, f_rows)
+    state = getattr(model, "_subnetact", None)
+    if state is not None:
+        state.invalidate()
+    return ReorderResult(head_order, ffn_order, [s.cpu() for s in head_scores], [s.cpu() for s in ffn_scores])
+
+
+def _permute(t: torch.Tensor, dim: int, index: torch.Tensor) -> None:
+    # In place (same storage): optimisers, tied references and compiled plans keep pointing at these tensors.
+    t.copy_(t.index_select(dim, index))
+
+
+def _l1_heads(p: LayerParts) -> torch.Tensor:
+    w = p.out.weight.detach().abs()  # (hidden, H * d)
+    return w.view(w.shape[0], p.heads, p.head_size).sum(dim=(0, 2))  # (H,)
+
+
+def _taylor(
+    model: nn.Module,
+    family: TransformerFamily,
+    parts: list[LayerParts],
+    batches: Iterable[Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    device = parts[0].query.weight.device
+    dtype = parts[0].query.weight.dtype
+    head_masks = [torch.ones(p.heads, device=device, dtype=dtype, requires_grad=True) for p in parts]
+    pre_masks = [torch.ones(p.ffn, device=device, dtype=dtype, requires_grad=True) for p in parts]
+    post_masks = [torch.ones(p.ffn, device=device, dtype=dtype, requires_grad=True) for p in parts]
+    head_scores = [torch.zeros(p.heads, device=device, dtype=torch.float64) for p in parts]
+    ffn_scores = [torch.zeros(p.ffn, device=device, dtype=torch.float64) for p in parts]
+
+    def head_hook(p: LayerParts, mask: torch.Tensor):
+        def hook(module, args):
+            x = args[0]  # (B, T, H * d): the heads' outputs, concatenated
+            shape = x.shape
+            return (x.view(*shape[:-1], p.heads, p.head_size) * mask[:, None]).view(shape), *args[1:]
+
+        return hook
+
+    def pre_act_hook(mask: torch.Tensor):
+        return lambda module, args, out: out * mask  # (B, T, I): fc1's output, before the activation
+
+    def post_act_hook(mask: torch.Tensor):
+        return lambda module, args: (args[0] * mask, *args[1:])  # (B, T, I): fc2's input, after the activation
+
+    converted = getattr(model, "_subnetact", None)
+    extra = {} if converted is None else {"subnet": converted.max_config}
+    training = {m: m.training for m in model.modules()}
+    handles = []
+    count = 0
+    try:
+        model.eval()
+        for p, hm, m1, m2 in zip(parts, head_masks, pre_masks, post_masks):
+            handles.append(p.out.register_forward_pre_hook(head_hook(p, hm)))
+            handles.append(p.fc1.register_forward_hook(pre_act_hook(m1)))
+            handles.append(p.fc2.register_forward_pre_hook(post_act_hook(m2)))
+        for batch in batches:
+            with torch.enable_grad():
+                if isinstance(batch, Mapping):
+                    outputs = model(**batch, **extra)
+                elif isinstance(batch, (tuple, list)):
+                    outputs = model(*batch, **extra)
+                else:
+                    outputs = model(batch, **extra)
+                loss = loss_fn(outputs, batch) if loss_fn is not None else getattr(outputs, "loss", None)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise ValueError(
+                        f"score='taylor' needs a scalar loss per batch, got {type(loss).__name__}: pass labels in "
+                        "each batch (outputs.loss) or loss_fn=(outputs, batch) -> loss"
+                    )
+                grads = torch.autograd.grad(loss, [*head_masks, *pre_masks, *post_masks], allow_unused=True)
+            n = len(parts)
+            for i in range(n):
+                g_head, g_pre, g_post = grads[i], grads[n + i], grads[2 * n + i]
+                if g_head is not None:
+                    head_scores[i] += g_head.detach().abs().double()
+                if g_pre is not None:
+                    ffn_scores[i] += g_pre.detach().abs().double()
+                if g_post is not None:
+                    ffn_scores[i] += g_post.detach().abs().double()
+            count += 1
+    finally:
+        for h in handles:
+            h.remove()
+        for m, flag in training.items():
+            m.training = flag
+    if count == 0:
+        raise ValueError("batches is empty: score='taylor' needs at least one batch")
+    return head_scores, ffn_scores
