@@ -53,7 +53,8 @@ def main() -> None:
                 start = time.perf_counter()
                 model(x)
                 times.append(time.perf_counter() - start)
-            print(f"{name:>9} | {params / 1e6:7.1f}M | {actuate_us:7.1f}µs | {statistics.median(times) * 1e3:14.1f} ms")
+            forward_ms = statistics.median(times) * 1e3
+            print(f"{name:>9} | {params / 1e6:7.1f}M | {actuate_us:7.1f}µs | {forward_ms:14.1f} ms")
 
 
 if __name__ == "__main__":
