@@ -141,6 +141,9 @@ class ConversionPlan:
         norms: BatchNorm path -> group (None: not sliced). Every other ``nn.BatchNorm2d`` becomes an unsliced
             SubnetNorm.
         custom: path -> factory building a user-defined :class:`~subnetact.operator.Operator` from the module there.
+        prepare: called on the model first thing in phase 2, for adapters that restructure a model before operators
+            go in (once-for-all: swap its dynamic wrappers for plain layers holding the same Parameters). Every
+            other path of the plan refers to the prepared model. It must not fail on a model phase 1 accepted.
         links: keyword -> dimensions it sets together (:class:`~subnetact.Space` links), e.g.
             ``{"width": ("heads", "ffn")}``.
     """
@@ -151,6 +154,7 @@ class ConversionPlan:
     slices: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     norms: dict[str, int | None] = field(default_factory=dict)
     custom: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)
+    prepare: Callable[[nn.Module], None] | None = None
     links: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
@@ -170,11 +174,16 @@ def register_model_adapter(model_type: type | str) -> Callable[[ModelAdapter], M
 
 
 def find_model_adapter(model: nn.Module) -> ModelAdapter | None:
+    _load_builtin_adapters()
     for cls in type(model).__mro__:
         adapter = _ADAPTERS.get(cls) or _ADAPTERS.get(f"{cls.__module__}.{cls.__qualname__}")
         if adapter is not None:
             return adapter
     return None
+
+
+def _load_builtin_adapters() -> None:
+    from . import ofa  # noqa: F401  (registers once-for-all adapters by class name; does not import ofa)
 
 
 def analyse_blocks(
@@ -218,6 +227,8 @@ def apply_conversion(model: nn.Module, plan: ConversionPlan, config: ConvertConf
     space = Space(plan.dims, plan.links)  # validates the entries before anything changes
     if len(space.entries("depth")) != len(plan.stages):
         raise UnsupportedModelError(f"{len(plan.stages)} stages but {len(space.entries('depth'))} depth entries")
+    if plan.prepare is not None:
+        plan.prepare(model)
     for path, factory in plan.custom.items():
         _replace(model, path, factory(model.get_submodule(path)))
     for path, (out_group, in_group) in plan.slices.items():

@@ -20,9 +20,12 @@ def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
     ``"prefix"`` (convolutional supernets, once-for-all): the first ``depth`` blocks.
     ``"every_other"`` (DynaBERT): ``[floor(i * L / D) for i in range(D)]``, which drops evenly spaced blocks and
     equals DynaBERT's choice for D/L = 0.5 and 0.75.
+
+    ``depth=0`` runs no block: a stage of skippable blocks may be switched off entirely (once-for-all's ResNet
+    drops the residual block of its input stem, issue 4). Whether 0 is allowed is the space's choice.
     """
-    if not 1 <= depth <= num_layers:
-        raise ValueError(f"depth={depth!r} must be between 1 and num_layers={num_layers}")
+    if not 0 <= depth <= num_layers:
+        raise ValueError(f"depth={depth!r} must be between 0 and num_layers={num_layers}")
     if rule == PREFIX:
         return list(range(depth))
     if rule == EVERY_OTHER:

@@ -32,17 +32,27 @@ PLAN_CACHE_SIZE = 1024
 class ChannelGroup:
     """An elastic channel dimension: the entry ``index`` of space dimension ``dim`` sets its active size.
 
+    A group may also depend on several entries: ``dim`` and ``index`` are then equal-length tuples and ``sizes`` is
+    keyed by tuples of choices, one per entry. once-for-all's ResNet needs this: a block's middle width is
+    ``make_divisible(round(stage_width * expand_ratio), 8)``, a function of two entries (issue 4).
+
     Args:
-        dim: space dimension name, e.g. ``"width"``.
-        index: entry index in that dimension.
+        dim: space dimension name, e.g. ``"width"`` (or a tuple of names).
+        index: entry index in that dimension (or a tuple of indices, one per name).
         full: channel count of the supernet.
-        sizes: choice -> active channel count.
+        sizes: choice (or tuple of choices) -> active channel count.
     """
 
-    dim: str
-    index: int
+    dim: str | tuple[str, ...]
+    index: int | tuple[int, ...]
     full: int
     sizes: tuple[tuple[Any, int], ...]
+
+    def value_in(self, cfg: SubnetConfig) -> Any:
+        """The choice (or tuple of choices) of ``cfg`` this group's size depends on."""
+        if isinstance(self.dim, tuple):
+            return tuple(cfg[d][i] for d, i in zip(self.dim, self.index))
+        return cfg[self.dim][self.index]
 
     def size_for(self, value: Any) -> int:
         for choice, k in self.sizes:
@@ -121,7 +131,7 @@ class ActuationState:
 
     # -- compilation ---------------------------------------------------------------------------------------------
     def group_sizes(self, cfg: SubnetConfig) -> list[int]:
-        return [g.size_for(cfg[g.dim][g.index]) for g in self.groups]
+        return [g.size_for(g.value_in(cfg)) for g in self.groups]
 
     def active_ops(self, cfg: SubnetConfig) -> list[bool]:
         """Which operators run for ``cfg`` (operators inside skipped blocks do not)."""
