@@ -13,7 +13,6 @@ See ``docs/ofa.md``.
 
 from .checkpoint import load_checkpoint, ofa_state_dict
 from .config import from_ofa, to_ofa
-
 from .resnet import OFAResNet
 
 __all__ = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from collections.abc import Mapping
 
 import torch
@@ -80,9 +81,13 @@ def load_checkpoint(
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint {where} does not exist") from None
         except pickle.UnpicklingError as exc:
+            # torch reports both a refused class and a damaged file as UnpicklingError; only the first names one.
+            needs = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+            if needs is None:
+                raise CheckpointError(f"checkpoint {where} is not a readable torch file (damaged?)") from None
             raise CheckpointError(
-                f"checkpoint {where} needs more than tensors and plain containers to load (torch.load with "
-                f"weights_only=True refused it: {str(exc).splitlines()[0]}). subnetact does not execute pickled "
+                f"checkpoint {where} needs more than tensors and plain containers to load: it pickles "
+                f"{needs.group(1)}, which torch.load(weights_only=True) refuses. subnetact does not execute pickled "
                 "code; re-save it from a trusted environment as torch.save({'state_dict': net.state_dict()}, path)"
             ) from None
         except (RuntimeError, EOFError, OSError) as exc:
