@@ -13,9 +13,12 @@ See ``docs/ofa.md``.
 
 from .checkpoint import load_checkpoint, ofa_state_dict
 from .config import from_ofa, to_ofa
+from .mbv3 import ElasticKernelDepthwiseConv2d, OFAMobileNet
 from .resnet import OFAResNet
 
 __all__ = [
+    "ElasticKernelDepthwiseConv2d",
+    "OFAMobileNet",
     "OFAResNet",
     "from_ofa",
     "load_checkpoint",
