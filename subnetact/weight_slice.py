@@ -9,6 +9,24 @@ from torch import nn
 from .config import SubnetConfig
 from .operator import Operator
 
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _cuda_kernel(weight: torch.Tensor, name: str):
+    """The ``subnetact::<name>`` CUDA kernel for a layer whose weight is on a GPU, else None (issue 7).
+
+    Decided once per plan, never per forward: CPU layers never reach the custom-op dispatcher (it costs
+    microseconds a call), and ``SUBNETACT_DISABLE_EXTENSION=1`` keeps PyTorch's kernels for plans compiled after it
+    is set (``model.to(...)`` recompiles plans).
+    """
+    if not weight.is_cuda or weight.dtype not in _KERNEL_DTYPES:
+        return None
+    import subnetact_cuda
+
+    if not subnetact_cuda.available():
+        return None
+    return getattr(torch.ops.subnetact, name).default
+
 
 class WeightSlice(Operator):
     """Mixin of the weight-slicing layers. ``out_group`` / ``in_group`` index the model's channel groups (None: the
@@ -92,10 +110,22 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         )
         if gemm:
             weight = weight[:, :, 0, 0]  # (k_out, k_in) strided view: the GEMM reads it in place
-        return (out_k, in_k, groups, weight, bias, gemm)
+        kernel = None
+        if self.padding_mode == "zeros" and self.padding != "same":
+            op = _cuda_kernel(self.weight, "sliced_conv2d")
+            if op is not None:  # sliced implicit-GEMM conv reading W[:k_out, :k_in] in place; bias in its epilogue
+                padding = [0, 0] if self.padding == "valid" else list(self.padding)
+                kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
+        return (out_k, in_k, groups, weight, bias, gemm, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_k, in_k, groups, weight, bias, gemm = self._subnetact_state.current().entries[self._op_index]
+        out_k, in_k, groups, weight, bias, gemm, kernel = self._subnetact_state.current().entries[self._op_index]
+        if kernel is not None and x.dtype == self.weight.dtype:  # (dtypes differ under autocast: PyTorch's path)
+            op, in_per_group, stride, padding, dilation, groups = kernel
+            # The full Parameters go in (the op slices them), so gradients reach the shared weight.
+            return op(
+                x, self.weight, None, self.bias, None, out_k, in_per_group, stride, padding, dilation, groups, False
+            )
         if torch.is_grad_enabled() and self.weight.requires_grad:
             # Planned views were made under no_grad; slice afresh so gradients reach the shared weight.
             weight, bias, groups = self._slice(out_k, in_k)
@@ -180,10 +210,14 @@ class WeightSliceLinear(WeightSlice, nn.Linear):
 
     def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple:
         out_k, in_k = self._out_in(sizes)
-        return (out_k, in_k, *self._slice(out_k, in_k))
+        return (out_k, in_k, *self._slice(out_k, in_k), _cuda_kernel(self.weight, "sliced_linear"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_k, in_k, weight, bias = self._subnetact_state.current().entries[self._op_index]
+        out_k, in_k, weight, bias, kernel = self._subnetact_state.current().entries[self._op_index]
+        if (
+            kernel is not None and x.dtype == self.weight.dtype
+        ):  # cuBLASLt on the in-place slice W[:k_out, :k_in], bias in the epilogue
+            return kernel(x, self.weight, self.bias, out_k, in_k, "none")
         if torch.is_grad_enabled() and self.weight.requires_grad:
             weight, bias = self._slice(out_k, in_k)
         return F.linear(x, weight, bias)
