@@ -85,3 +85,18 @@ def test_space_must_be_ofa(space):
         SubnetConfig.from_ofa({"d": 2, "e": 0.2, "w": 0}, "resnet")
     with pytest.raises(subnetact.InvalidSubnetError, match=r"expand\[0\]=0.5 is not allowed"):
         space.max().replace(expand=[0.5] * 18).to_ofa(space)
+
+
+def test_zoo_served_set():
+    served = zoo.SUPERSERVE_OFA_RESNET50
+    assert [round(s.accuracy, 2) for s in served] == [73.82, 76.69, 77.64, 78.25, 79.44, 80.16]
+    assert [s.id for s in served] == list(range(6))
+    for s in served:
+        assert sorted(s.latency) == [1, 2, 4, 8, 16, 32]
+        for lat in s.latency.values():
+            # end to end = decode + copies + forward + postprocess, so it exceeds the forward stage alone
+            assert 0 < lat.forward_mean_s < lat.mean_s < lat.p99_s < 1.0
+    assert served[0].latency[1].forward_mean_s == pytest.approx(3.826070631e-3)
+    d = served[1].ofa_dict()
+    d["w"][0] = 99  # a copy: the served set cannot be changed through it
+    assert served[1].ofa["w"][0] == 0
