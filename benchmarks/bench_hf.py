@@ -66,7 +66,12 @@ def main() -> None:
     parser.add_argument("--min-depth", type=int, default=6)
     parser.add_argument("--actuation-calls", type=int, default=20000)
     parser.add_argument("--skip-forward", action="store_true", help="only measure actuation")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice, all cores)"
+    )
     args = parser.parse_args()
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     torch.manual_seed(0)
     config = transformers.BertConfig(

@@ -106,9 +106,19 @@ class SupernetMixin:
                     )
                 config = SubnetConfig.from_dict(config)
         elif keywords:
-            merged: dict[str, Any] = dict(state.default_config.items())
-            merged.update(state.space.expand_links(keywords))  # e.g. width= -> heads= and ffn= (Space links)
-            config = state.space.make(**merged)
+            # Keyword calls repeat (a server cycles through a few subnets): memoise the validated config per
+            # (active config, keywords), so they cost a dict lookup instead of a validation of every entry.
+            cache = state.__dict__.setdefault("keyword_configs", {})
+            key = _keyword_key(state.default_config, keywords)
+            config = None if key is None else cache.get(key)
+            if config is None:
+                merged: dict[str, Any] = dict(state.default_config.items())
+                merged.update(state.space.expand_links(keywords))  # e.g. width= -> heads= and ffn= (Space links)
+                config = state.space.make(**merged)
+                if key is not None:
+                    if len(cache) >= _KEYWORD_CACHE_SIZE:
+                        cache.clear()
+                    cache[key] = config
         else:
             raise InvalidSubnetError("actuate() needs a config or at least one of depth=, width=")
         plan = state.plan_for(config)
@@ -147,6 +157,28 @@ class SupernetMixin:
 
     def __reduce_ex__(self, protocol):
         raise TypeError("a converted model cannot be pickled; use subnetact.save(model, path) and subnetact.load")
+
+
+_KEYWORD_CACHE_SIZE = 1024
+
+
+def _keyword_key(active: SubnetConfig, keywords: dict[str, Any]) -> tuple | None:
+    """A hashable key for ``actuate(**keywords)`` from ``active``, or None (unhashable values: no memo).
+
+    Values are keyed with their types, so ``True`` never hits the entry of ``1`` (bools are refused by validation).
+    """
+
+    def freeze(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return tuple((type(x), x) for x in v)
+        return (type(v), v)
+
+    key = (active, tuple(sorted((k, freeze(v)) for k, v in keywords.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
 
 
 def supernet_class(base: type) -> type:

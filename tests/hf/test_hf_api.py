@@ -151,3 +151,35 @@ def test_import_does_not_import_transformers():
     code = "import sys, subnetact; assert 'transformers' not in sys.modules; print(subnetact.reorder.__name__)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_keyword_actuation_is_memoised_without_changing_validation(model):
+    start = model.actuate(model.space.max())
+    first = model.actuate(depth=2, width=0.5)
+    model.actuate(start)
+    assert model.actuate(depth=2, width=0.5) is first  # the memoised config
+    model.actuate(start)
+    with pytest.raises(subnetact.InvalidSubnetError, match=r"depth=True must be a number or a list of 1 numbers"):
+        model.actuate(depth=True)  # True == 1, but it must not hit the entry of depth=1
+    model.actuate(depth=1)
+    model.actuate(start)
+    with pytest.raises(subnetact.InvalidSubnetError, match=r"depth=True must be a number or a list of 1 numbers"):
+        model.actuate(depth=True)
+    assert model.active == start
+    assert model.actuate(depth=[2], heads=[0.5] * 4, ffn=0.5) == first  # lists are keys too
+
+
+def test_register_family_for_another_head_class():
+    subnetact.hf.register_family(
+        subnetact.hf.BERT, ["transformers.models.bert.modeling_bert.BertForTokenClassification"]
+    )
+    torch.manual_seed(0)
+    original = transformers.BertForTokenClassification(bert().config).eval()
+    model = subnetact.convert(copy.deepcopy(original))
+    x = inputs("bert", mask="ones")
+    cfg = model.space.make(depth=2, width=0.75)
+    with torch.no_grad():
+        torch.testing.assert_close(model(**x).logits, original(**x).logits, atol=1e-6, rtol=0)
+        torch.testing.assert_close(model(**x, subnet=cfg).logits, model.export(cfg)(**x).logits, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="must be a list of 'module.QualName' strings"):
+        subnetact.hf.register_family(subnetact.hf.BERT, "transformers.models.bert.modeling_bert.BertModel")
