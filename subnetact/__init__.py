@@ -8,7 +8,11 @@
 Importing this package never initialises CUDA and never imports torchvision or transformers.
 """
 
-from . import hf  # registers the Hugging Face adapters by class name; imports no transformers
+from . import (
+    hf,  # registers the Hugging Face adapters by class name; imports no transformers
+    search,  # Pareto search (torch only)
+    train,  # supernet training: sandwich rule + in-place distillation
+)
 from .calibrate import calibrate
 from .config import SubnetConfig
 from .convert import ConvertConfig, convert, unconvert
@@ -23,6 +27,7 @@ from .export import export
 from .hf import reorder
 from .io import load, save
 from .layer_select import LayerSelect, LayerSelectList, kept_layers
+from .profiler import profile  # imports scheduling lazily, inside the function
 from .rules import BlockSpec, ChannelSpec, register_block_rule
 from .space import Entry, Space
 from .subnet_norm import SubnetNorm
@@ -57,8 +62,11 @@ __all__ = [
     "hf",
     "kept_layers",
     "load",
+    "profile",
     "register_block_rule",
     "reorder",
     "save",
+    "search",
+    "train",
     "unconvert",
 ]

@@ -1,0 +1,252 @@
+"""Train the embedded default supernet on scikit-learn's digits and write it into the package (issue 6).
+
+    python scripts/train_digits_supernet.py            # writes subnetact/data/digits_supernet.{safetensors,json}
+                                                       # and subnetact/data/digits_test.npz
+
+Deterministic: seeded data split, augmentation, initialisation and subnet sampling, one CPU thread. Steps:
+
+1. ``load_digits`` (1797 images of 8x8, shipped inside scikit-learn), stratified split 60/20/20 into train,
+   validation and test (``random_state=0``).
+2. :class:`subnetact.digits.DigitsResNet` converted with ``subnetact.convert``, trained as a supernet with
+   :func:`subnetact.train.train_supernet` (sandwich rule: largest, smallest and two random subnets per step; in-place
+   distillation from the largest), random one-pixel shifts as augmentation.
+3. Pareto search (:func:`subnetact.search.search`) with FLOPs as the cost and validation accuracy of each subnet
+   calibrated on the training images as the accuracy (an MLP predictor fitted on evaluated samples drives the
+   evolution; the final candidates are evaluated for real).
+4. The served set (the Pareto set, thinned evenly by FLOPs to at most ``--max-served``) is calibrated on the
+   training images and saved with :func:`subnetact.save`; each served subnet's test accuracy is measured with its
+   own statistics (SubnetNorm) and with the supernet's shared, prefix-sliced statistics; its batch-16 latency on this
+   CPU is measured with :func:`subnetact.profile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import subnetact
+from subnetact import digits
+from subnetact.search import calibrated_evaluator, search
+from subnetact.train import train_supernet
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "subnetact" / "data"
+
+
+def split(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    data = load_digits()
+    images, labels = data.images.astype(np.uint8), data.target.astype(np.int64)  # values 0..16
+    x_train, x_rest, y_train, y_rest = train_test_split(
+        images, labels, test_size=0.4, stratify=labels, random_state=seed
+    )
+    x_val, x_test, y_val, y_test = train_test_split(x_rest, y_rest, test_size=0.5, stratify=y_rest, random_state=seed)
+    return {"train": (x_train, y_train), "val": (x_val, y_val), "test": (x_test, y_test)}
+
+
+def shifted(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Each image moved by -1, 0 or +1 pixel along each axis (zero fill). x: (N, 1, 8, 8)."""
+    padded = F.pad(x, (1, 1, 1, 1))  # (N, 1, 10, 10)
+    offsets = torch.randint(0, 3, (x.shape[0], 2), generator=gen)
+    return torch.stack([padded[i, :, dy : dy + 8, dx : dx + 8] for i, (dy, dx) in enumerate(offsets.tolist())])
+
+
+@torch.no_grad()
+def accuracy(model: torch.nn.Module, cfg: subnetact.SubnetConfig, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    return 100.0 * float((model(x, subnet=cfg).argmax(1) == y).float().mean())
+
+
+def thin(front: list, k: int) -> list:
+    """At most k candidates of a Pareto front, evenly spread by cost, always keeping both ends."""
+    if len(front) <= k:
+        return list(front)
+    lo, hi = front[0].cost, front[-1].cost
+    picked = []
+    for i in range(k):
+        target = lo + (hi - lo) * i / (k - 1)
+        best = min((c for c in front if c not in picked), key=lambda c: abs(c.cost - target))
+        picked.append(best)
+    return sorted(picked)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=50)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--search-samples", type=int, default=200, help="subnets evaluated to fit the predictor")
+    parser.add_argument("--generations", type=int, default=100)
+    parser.add_argument("--max-served", type=int, default=8)
+    parser.add_argument("--out", type=Path, default=DATA_DIR)
+    parser.add_argument(
+        "--trained", type=Path, default=None, help="save the trained supernet here, or load it if it exists"
+    )
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    started = time.perf_counter()
+
+    # -- data -------------------------------------------------------------------------------------------------------
+    parts = split(args.seed)
+    x = {k: digits.to_input(v[0]) for k, v in parts.items()}
+    y = {k: torch.as_tensor(v[1]) for k, v in parts.items()}
+    n_train = len(y["train"])
+    print(f"train {n_train}, val {len(y['val'])}, test {len(y['test'])} images", flush=True)
+
+    def epoch_batches(epoch: int):
+        gen = torch.Generator().manual_seed(args.seed * 1000 + epoch)
+        order = torch.randperm(n_train, generator=gen)
+        for i in range(0, n_train, args.batch_size):
+            idx = order[i : i + args.batch_size]
+            yield shifted(x["train"][idx], gen), y["train"][idx]
+
+    calibration = [x["train"][i : i + 256] for i in range(0, n_train, 256)]
+
+    # -- model and training -------------------------------------------------------------------------------------------
+    arch = {"widths": [12, 24, 48], "blocks": [4, 4, 4], "expansion": 2}
+    model = subnetact.convert(
+        digits.DigitsResNet(tuple(arch["widths"]), tuple(arch["blocks"]), arch["expansion"]), digits.CONVERT_CONFIG
+    )
+    print(model.space, flush=True)
+    steps = args.epochs * -(-n_train // args.batch_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=steps, pct_start=0.15)
+
+    def log(epoch: int, loss: float) -> None:
+        if epoch % 5 == 4 or epoch == args.epochs - 1:
+            big = accuracy(model, model.space.max(), x["val"], y["val"])
+            print(
+                f"epoch {epoch + 1:3d}  loss {loss:.4f}  val acc (largest, shared stats) {big:.2f}%  "
+                f"{time.perf_counter() - started:.0f}s",
+                flush=True,
+            )
+
+    if args.trained is not None and args.trained.exists():
+        model = subnetact.load(args.trained, model)  # the same weights this script trained before (deterministic)
+        history = json.loads(args.trained.with_suffix(".json").read_text())["loss_per_epoch"]
+        print(f"loaded the trained supernet from {args.trained}", flush=True)
+    else:
+        history = train_supernet(
+            model,
+            epoch_batches,
+            optimizer,
+            epochs=args.epochs,
+            lr_scheduler=schedule,
+            num_random=2,
+            seed=args.seed,
+            on_epoch=log,
+        )
+        if args.trained is not None:
+            subnetact.save(model, args.trained)
+            args.trained.with_suffix(".json").write_text(json.dumps({"loss_per_epoch": history}))
+    train_s = time.perf_counter() - started
+
+    # -- Pareto search ------------------------------------------------------------------------------------------------
+    evaluate = calibrated_evaluator(model, calibration, lambda m, cfg: accuracy(m, cfg, x["val"], y["val"]))
+    result = search(
+        model,
+        evaluate=evaluate,
+        num_samples=args.search_samples,
+        cost="flops",
+        example_input=x["val"][:1],
+        generations=args.generations,
+        seed=args.seed,
+        progress=False,
+    )
+    print(
+        f"search: {len(result.pareto)} Pareto subnets from {result.accuracy_calls} evaluations in "
+        f"{result.seconds:.0f}s",
+        flush=True,
+    )
+    served = thin(list(result.pareto), args.max_served)
+
+    # -- served set: calibrate, measure, save ------------------------------------------------------------------------
+    with warnings.catch_warnings():  # no subnet is registered yet: this is the shared-statistics baseline
+        warnings.simplefilter("ignore", subnetact.UncalibratedSubnetWarning)
+        shared = {c.config: accuracy(model, c.config, x["test"], y["test"]) for c in served}
+        shared_val = {c.config: accuracy(model, c.config, x["val"], y["val"]) for c in served}
+    subnetact.calibrate(model, calibration, subnets=[c.config for c in served])
+    model.actuate(model.space.max())
+    prof = subnetact.profile(
+        model, [c.config for c in served], [16], example_input=x["test"][:16], warmup=5, repeats=30, progress=False
+    )
+    rows = []
+    for i, c in enumerate(served):
+        rows.append(
+            {
+                "id": i,
+                "config": c.config.to_dict(),
+                "flops": c.cost,
+                "val_accuracy": c.accuracy,
+                "test_accuracy": accuracy(model, c.config, x["test"], y["test"]),
+                "val_accuracy_shared_stats": shared_val[c.config],
+                "test_accuracy_shared_stats": shared[c.config],
+                "latency_b16_ms": 1e3 * prof.latency(i, 16),
+            }
+        )
+        r = rows[-1]
+        print(
+            f"subnet {i}: {c.cost / 1e6:6.2f} MFLOPs  val {r['val_accuracy']:.2f}%  test {r['test_accuracy']:.2f}% "
+            f"(shared stats {r['test_accuracy_shared_stats']:.2f}%)  b16 {r['latency_b16_ms']:.2f} ms",
+            flush=True,
+        )
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    subnetact.save(model, args.out / digits.WEIGHTS_FILE)
+    np.savez_compressed(args.out / digits.TEST_FILE, images=parts["test"][0], labels=parts["test"][1])
+    record = {
+        "command": shlex.join(["python", "scripts/train_digits_supernet.py", *sys.argv[1:]]),
+        "architecture": arch,
+        "convert_config": digits.CONVERT_CONFIG.to_dict(),
+        "data": {
+            "source": "sklearn.datasets.load_digits",
+            "split": "stratified 60/20/20, random_state=seed",
+            "train": n_train,
+            "val": len(y["val"]),
+            "test": len(y["test"]),
+        },
+        "training": {
+            "epochs": args.epochs,
+            "batch_size": args.batch_size,
+            "optimizer": "SGD nesterov 0.9, wd 5e-4",
+            "lr": args.lr,
+            "schedule": "OneCycle",
+            "sandwich": "largest + smallest + 2 random",
+            "distillation": "in-place from the largest subnet",
+            "augmentation": "random +-1 pixel shifts",
+            "seed": args.seed,
+            "threads": args.threads,
+            "loss_per_epoch": history,
+            "seconds": train_s,
+        },
+        "search": {
+            "pareto_size": len(result.pareto),
+            "evaluations": result.accuracy_calls,
+            "seconds": result.seconds,
+            "samples": args.search_samples,
+            "generations": args.generations,
+            "pareto": [{"flops": c.cost, "val_accuracy": c.accuracy} for c in result.pareto],
+        },
+        "latency_cpu": prof.metadata["device"],
+        "pareto": rows,
+        "total_seconds": time.perf_counter() - started,
+    }
+    (args.out / digits.INFO_FILE).write_text(json.dumps(record, indent=1) + "\n")
+    span = rows[-1]["latency_b16_ms"] / rows[0]["latency_b16_ms"]
+    print(f"latency span at batch 16: {span:.1f}x; wrote {args.out}; {time.perf_counter() - started:.0f}s total")
+
+
+if __name__ == "__main__":
+    main()

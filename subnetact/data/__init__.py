@@ -1,0 +1,1 @@
+"""Package data: the embedded digits supernet (see :mod:`subnetact.digits`)."""
