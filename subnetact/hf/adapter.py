@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from collections.abc import Callable
 
 from torch import nn
@@ -45,6 +46,17 @@ def active_neurons(width: float, size: int) -> int:
     return max(1, math.ceil(width * size - 1e-9))
 
 
+def _check_transformers_version() -> None:
+    # transformers 4.x BERT reshapes q/k/v with its fixed ``num_attention_heads`` (narrower projections would fail
+    # in view()) and lays ViT out differently; the model's own module is already imported, so this imports nothing.
+    version = getattr(sys.modules.get("transformers"), "__version__", None)
+    if version is not None and int(version.split(".")[0]) < 5:
+        raise UnsupportedModelError(
+            f"transformers {version} is installed; subnetact's Hugging Face support needs transformers>=5 "
+            "(pip install -U 'transformers>=5')"
+        )
+
+
 def analyse(
     model: nn.Module,
     config: ConvertConfig,
@@ -52,6 +64,7 @@ def analyse(
     family: TransformerFamily,
 ) -> ConversionPlan:
     """Phase 1 of :func:`subnetact.convert` for a Hugging Face encoder: validate and describe, change nothing."""
+    _check_transformers_version()
     hf_config = getattr(model, "config", None)
     if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
         raise UnsupportedModelError(

@@ -183,3 +183,12 @@ def test_register_family_for_another_head_class():
         torch.testing.assert_close(model(**x, subnet=cfg).logits, model.export(cfg)(**x).logits, atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="must be a list of 'module.QualName' strings"):
         subnetact.hf.register_family(subnetact.hf.BERT, "transformers.models.bert.modeling_bert.BertModel")
+
+
+def test_transformers_4_is_refused_with_an_actionable_error(monkeypatch):
+    model = make("bert")
+    # transformers swaps its lazy module in sys.modules on first use, so patch the one there now
+    monkeypatch.setattr(sys.modules["transformers"], "__version__", "4.57.1")
+    with pytest.raises(subnetact.UnsupportedModelError, match=r"transformers 4.57.1 is installed; .*transformers>=5"):
+        subnetact.convert(model)
+    assert not isinstance(model, subnetact.SupernetMixin)
