@@ -8,6 +8,7 @@ fp32, 1e-4.
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -187,3 +188,19 @@ def test_export_is_independent_of_the_supernet():
     assert len(out.hidden_states) == 3
     torch.testing.assert_close(out.logits, before, atol=0, rtol=0)
     assert HEADS == 4 and FFN == 64  # the sizes heads_for / ffn_for assume
+
+
+@pytest.mark.skipif(
+    os.environ.get("SUBNETACT_SLOW_TESTS") != "1",
+    reason="flex_attention compiles per shape on CPU (~50 s); set SUBNETACT_SLOW_TESTS=1",
+)
+@pytest.mark.parametrize("name", ["bert", "vit"])
+def test_flex_attention(name):
+    original = make(name, "flex_attention")
+    model = subnetact.convert(copy.deepcopy(original))
+    x = inputs(name, mask="padded" if name != "vit" else "none")
+    with torch.no_grad():
+        compare(main_output(model(**x)), main_output(original(**x)), x.get("attention_mask"), atol=1e-5)
+        want = main_output(reference(name, original, 2, [heads_for(0.5)] * 2, [ffn_for(0.5)] * 2)(**x))
+        got = main_output(model(**x, subnet=model.space.make(depth=2, width=0.5)))
+    compare(got, want, x.get("attention_mask"))
