@@ -33,18 +33,15 @@ def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
     raise ValueError(f"rule={rule!r} is not one of {RULES}")
 
 
-class LayerSelect(Operator, nn.Sequential):
-    """A stage whose blocks are switched on and off by the active subnet's depth for this stage.
+class _StageSelect(Operator):
+    """What the two stage containers share: the keep rule, the plan entry (the kept blocks) and the conversions.
 
-    It is an ``nn.Sequential`` holding the very same block modules under the same names, so the model's
-    ``state_dict`` keys do not change. The block that changes the tensor shape (the first one of a ResNet stage)
-    is always kept: depth choices start at 1.
-
-    Shapes: ``x`` (N, C_in, H, W) -> (N, C_out, H', W'), as the stage it replaces.
+    ``_container`` is the plain container class a stage is (``nn.Sequential`` or ``nn.ModuleList``).
     """
 
-    def __init__(self, *blocks: nn.Module, rule: str = PREFIX) -> None:
-        super().__init__(*blocks)
+    _container: type[nn.Module]
+
+    def _init_select(self, rule: str) -> None:
         if rule not in RULES:
             raise ValueError(f"rule={rule!r} is not one of {RULES}")
         self.rule = rule
@@ -52,68 +49,7 @@ class LayerSelect(Operator, nn.Sequential):
         self.member_ops: list[list[int]] = []  # operator indices inside each block; set by convert
 
     @classmethod
-    def from_module(cls, stage: nn.Sequential, rule: str = PREFIX) -> LayerSelect:
-        new = cls(rule=rule)
-        for name, block in stage.named_children():
-            new.add_module(name, block)
-        new.training = stage.training
-        return new
-
-    def kept_positions(self, cfg: SubnetConfig) -> list[int]:
-        return kept_layers(len(self), int(cfg["depth"][self.depth_entry]), self.rule)
-
-    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple[nn.Module, ...]:
-        children = list(self)
-        return tuple(children[i] for i in self.kept_positions(cfg))
-
-    def active_blocks(self) -> tuple[nn.Module, ...]:
-        """The blocks the current subnet runs, in order."""
-        return self._subnetact_state.current().entries[self._op_index]
-
-    def forward(self, x):
-        for block in self._subnetact_state.current().entries[self._op_index]:
-            x = block(x)
-        return x
-
-    def export_dense(self, entry: tuple[nn.Module, ...], rebuild) -> nn.Sequential:
-        seq = nn.Sequential(*(rebuild(block) for block in entry))
-        seq.training = self.training
-        return seq
-
-    def to_base(self) -> nn.Sequential:
-        base = nn.Sequential()
-        for name, block in self.named_children():
-            base.add_module(name, block)
-        base.training = self.training
-        return base
-
-    def extra_repr(self) -> str:
-        return f"rule={self.rule!r}"
-
-    def __iter__(self) -> Iterator[nn.Module]:
-        return iter(self._modules.values())
-
-
-class LayerSelectList(Operator, nn.ModuleList):
-    """:class:`LayerSelect` for a stage held in an ``nn.ModuleList`` whose owner loops over it (the encoder of a
-    Hugging Face transformer: ``for layer in self.layer: hidden = layer(hidden, ...)``).
-
-    The owner's loop stays as it is: iterating yields the blocks the active subnet runs, in order, so the owner
-    runs exactly those, with whatever arguments it passes them. Everything else sees the full list:
-    ``len()``, indexing, ``children()``, ``named_modules()`` and ``state_dict()`` cover every block under its
-    original name, so checkpoints keep their keys.
-    """
-
-    def __init__(self, blocks: list[nn.Module] | None = None, rule: str = PREFIX) -> None:
-        super().__init__(blocks)
-        if rule not in RULES:
-            raise ValueError(f"rule={rule!r} is not one of {RULES}")
-        self.rule = rule
-        self.depth_entry = -1  # index into the space's ``depth`` dimension; set by convert
-        self.member_ops: list[list[int]] = []  # operator indices inside each block; set by convert
-
-    @classmethod
-    def from_module(cls, stage: nn.ModuleList, rule: str = PREFIX) -> LayerSelectList:
+    def from_module(cls, stage: nn.Module, rule: str = PREFIX):
         new = cls(rule=rule)
         for name, block in stage.named_children():
             new.add_module(name, block)
@@ -131,16 +67,15 @@ class LayerSelectList(Operator, nn.ModuleList):
         """The blocks the current subnet runs, in order."""
         return self._subnetact_state.current().entries[self._op_index]
 
-    def __iter__(self) -> Iterator[nn.Module]:
-        return iter(self._subnetact_state.current().entries[self._op_index])
+    def export_dense(self, entry: tuple[nn.Module, ...], rebuild) -> nn.Module:
+        dense = self._container()
+        for i, block in enumerate(entry):
+            dense.add_module(str(i), rebuild(block))
+        dense.training = self.training
+        return dense
 
-    def export_dense(self, entry: tuple[nn.Module, ...], rebuild) -> nn.ModuleList:
-        blocks = nn.ModuleList([rebuild(block) for block in entry])
-        blocks.training = self.training
-        return blocks
-
-    def to_base(self) -> nn.ModuleList:
-        base = nn.ModuleList()
+    def to_base(self) -> nn.Module:
+        base = self._container()
         for name, block in self.named_children():
             base.add_module(name, block)
         base.training = self.training
@@ -148,6 +83,51 @@ class LayerSelectList(Operator, nn.ModuleList):
 
     def extra_repr(self) -> str:
         return f"rule={self.rule!r}"
+
+
+class LayerSelect(_StageSelect, nn.Sequential):
+    """A stage whose blocks are switched on and off by the active subnet's depth for this stage.
+
+    It is an ``nn.Sequential`` holding the very same block modules under the same names, so the model's
+    ``state_dict`` keys do not change. The block that changes the tensor shape (the first one of a ResNet stage)
+    is always kept: depth choices start at 1.
+
+    Shapes: ``x`` (N, C_in, H, W) -> (N, C_out, H', W'), as the stage it replaces.
+    """
+
+    _container = nn.Sequential
+
+    def __init__(self, *blocks: nn.Module, rule: str = PREFIX) -> None:
+        super().__init__(*blocks)
+        self._init_select(rule)
+
+    def forward(self, x):
+        for block in self._subnetact_state.current().entries[self._op_index]:
+            x = block(x)
+        return x
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._modules.values())
+
+
+class LayerSelectList(_StageSelect, nn.ModuleList):
+    """:class:`LayerSelect` for a stage held in an ``nn.ModuleList`` whose owner loops over it (the encoder of a
+    Hugging Face transformer: ``for layer in self.layer: hidden = layer(hidden, ...)``).
+
+    The owner's loop stays as it is: iterating yields the blocks the active subnet runs, in order, so the owner
+    runs exactly those, with whatever arguments it passes them. Everything else sees the full list:
+    ``len()``, indexing, ``children()``, ``named_modules()`` and ``state_dict()`` cover every block under its
+    original name, so checkpoints keep their keys.
+    """
+
+    _container = nn.ModuleList
+
+    def __init__(self, blocks: list[nn.Module] | None = None, rule: str = PREFIX) -> None:
+        super().__init__(blocks)
+        self._init_select(rule)
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._subnetact_state.current().entries[self._op_index])
 
     # ModuleList's repr iterates ``self`` (the active blocks only); show every block, as ``state_dict`` does.
     __repr__ = nn.Module.__repr__
