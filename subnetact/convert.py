@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from torch import nn
 
+from ._registry import ClassRegistry
 from .errors import UnsupportedModelError
 from .layer_select import PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
@@ -159,31 +160,23 @@ class ConversionPlan:
 
 
 ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], ConversionPlan]
-_ADAPTERS: dict[type | str, ModelAdapter] = {}
+
+
+def _load_builtin_adapters() -> None:
+    from . import ofa  # noqa: F401  (registers once-for-all adapters by class name; does not import ofa)
+
+
+_ADAPTERS: ClassRegistry[ModelAdapter] = ClassRegistry(_load_builtin_adapters)
 
 
 def register_model_adapter(model_type: type | str) -> Callable[[ModelAdapter], ModelAdapter]:
     """Decorator registering a whole-model analysis ``(model, config, filter_fn) -> ConversionPlan`` for a class
     (or its ``"module.QualName"``), used instead of the generic block-rule analysis."""
-
-    def decorator(adapter: ModelAdapter) -> ModelAdapter:
-        _ADAPTERS[model_type] = adapter
-        return adapter
-
-    return decorator
+    return _ADAPTERS.register(model_type)
 
 
 def find_model_adapter(model: nn.Module) -> ModelAdapter | None:
-    _load_builtin_adapters()
-    for cls in type(model).__mro__:
-        adapter = _ADAPTERS.get(cls) or _ADAPTERS.get(f"{cls.__module__}.{cls.__qualname__}")
-        if adapter is not None:
-            return adapter
-    return None
-
-
-def _load_builtin_adapters() -> None:
-    from . import ofa  # noqa: F401  (registers once-for-all adapters by class name; does not import ofa)
+    return _ADAPTERS.lookup(type(model))
 
 
 def analyse_blocks(

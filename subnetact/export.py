@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from ._registry import ClassRegistry
 from .config import SubnetConfig
 from .operator import Operator
 from .state import Plan
@@ -30,32 +31,19 @@ def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
     plan = state.default if config is None else state.plan_for(config)
     base = type(model)._subnetact_base
     dense = _rebuild(model, plan, root_class=base)
-    hook = _find_export_hook(base)
+    hook = _EXPORT_HOOKS.lookup(base)
     return dense if hook is None else hook(model, plan, dense)
 
 
 ExportHook = Callable[[nn.Module, Plan, nn.Module], nn.Module]
-_EXPORT_HOOKS: dict[type | str, ExportHook] = {}
+_EXPORT_HOOKS: ClassRegistry[ExportHook] = ClassRegistry()
 
 
 def register_export_hook(model_type: type | str) -> Callable[[ExportHook], ExportHook]:
     """Decorator registering ``(supernet, plan, dense) -> dense`` for a class (or its ``"module.QualName"``, so the
     class's library need not be imported). It runs after the generic rebuild on the rebuilt model and returns the
     final export, e.g. giving a Hugging Face model the smaller config that matches its narrower layers."""
-
-    def decorator(hook: ExportHook) -> ExportHook:
-        _EXPORT_HOOKS[model_type] = hook
-        return hook
-
-    return decorator
-
-
-def _find_export_hook(cls: type) -> ExportHook | None:
-    for klass in cls.__mro__:
-        hook = _EXPORT_HOOKS.get(klass) or _EXPORT_HOOKS.get(f"{klass.__module__}.{klass.__qualname__}")
-        if hook is not None:
-            return hook
-    return None
+    return _EXPORT_HOOKS.register(model_type)
 
 
 _HOOK_TABLES = tuple(

@@ -12,6 +12,7 @@ from torch import nn
 
 import subnetact
 from subnetact import LayerSelect, SubnetNorm, UnsupportedModelError, WeightSlice
+from subnetact.rules import unregister_block_rule
 
 
 def _snapshot(model: nn.Module) -> dict:
@@ -119,9 +120,7 @@ def test_registered_rule_makes_a_custom_block_elastic():
         model = subnetact.convert(_mixed_model())
         assert len(model.layer2) == 2 and model.space.entries("depth")[1].choices == (1, 2)
     finally:
-        from subnetact.rules import _RULES
-
-        del _RULES[MysteryBlock]
+        unregister_block_rule(MysteryBlock)
 
 
 def test_bad_rule_output_is_refused_before_mutation():
@@ -137,9 +136,7 @@ def test_bad_rule_output_is_refused_before_mutation():
             subnetact.convert(model)
         _assert_unchanged(model, snap)
     finally:
-        from subnetact.rules import _RULES
-
-        del _RULES[MysteryBlock]
+        unregister_block_rule(MysteryBlock)
 
 
 def test_filter_fn_limits_elastic_stages():

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .._registry import ClassRegistry
 from ..errors import UnsupportedModelError
 
 
@@ -86,17 +87,12 @@ VIT = TransformerFamily(
 )
 
 # "module.QualName" of each supported model class -> its family.
-_FAMILIES: dict[str, TransformerFamily] = {}
+_FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
 
 
 def family_of(model: nn.Module) -> TransformerFamily | None:
     """The registered family of ``model``'s class (or of its original class, for a converted model)."""
-    cls = getattr(type(model), "_subnetact_base", type(model))
-    for klass in cls.__mro__:
-        family = _FAMILIES.get(f"{klass.__module__}.{klass.__qualname__}")
-        if family is not None:
-            return family
-    return None
+    return _FAMILIES.lookup(getattr(type(model), "_subnetact_base", type(model)))
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from .._registry import ClassRegistry
 from ..errors import UnsupportedModelError
 
 
@@ -65,35 +66,30 @@ class BlockSpec:
 
 BlockRule = Callable[[nn.Module], BlockSpec]
 
-_RULES: dict[type | str, BlockRule] = {}
+
+def _load_builtin_rules() -> None:
+    from . import torchvision_resnet  # noqa: F401  (registers by name; does not import torchvision)
+
+
+_RULES: ClassRegistry[BlockRule] = ClassRegistry(_load_builtin_rules)
 
 
 def register_block_rule(block_type: type | str) -> Callable[[BlockRule], BlockRule]:
     """Decorator registering ``rule`` for ``block_type`` (a class, or its ``"module.QualName"``)."""
+    return _RULES.register(block_type)
 
-    def decorator(rule: BlockRule) -> BlockRule:
-        _RULES[block_type] = rule
-        return rule
 
-    return decorator
+def unregister_block_rule(block_type: type | str) -> None:
+    """Remove the rule registered for ``block_type`` (exactly that key), if any."""
+    _RULES.pop(block_type)
 
 
 def find_block_rule(module: nn.Module) -> BlockRule | None:
-    _load_builtin_rules()
-    for cls in type(module).__mro__:
-        rule = _RULES.get(cls) or _RULES.get(f"{cls.__module__}.{cls.__qualname__}")
-        if rule is not None:
-            return rule
-    return None
+    return _RULES.lookup(type(module))
 
 
 def registered_block_types() -> list[str]:
-    _load_builtin_rules()
-    return sorted(k if isinstance(k, str) else f"{k.__module__}.{k.__qualname__}" for k in _RULES)
-
-
-def _load_builtin_rules() -> None:
-    from . import torchvision_resnet  # noqa: F401  (registers by name; does not import torchvision)
+    return _RULES.names()
 
 
 def unsupported_block_error(path: str, module: nn.Module) -> UnsupportedModelError:
