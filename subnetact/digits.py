@@ -9,8 +9,9 @@ results in ``docs/benchmarks.md``):
 
 - ``digits_supernet.safetensors``: the converted, trained model with the calibrated statistics of its Pareto set
   (written by :func:`subnetact.save`);
-- ``digits_supernet.json``: how it was trained, and per Pareto subnet its config, FLOPs and accuracy on the
-  validation and test splits, with and without per-subnet statistics;
+- ``digits_supernet.json``: how it was trained, and per Pareto subnet its config, FLOPs, ``accuracy`` (the search's
+  and the profile's metric: validation images and their one-pixel shifts) and accuracy on the validation and test
+  splits, with and without per-subnet statistics;
 - ``digits_test.npz``: the test split (360 images of 8x8 pixels with values 0..16, and their labels), so the demo
   needs neither scikit-learn nor a download.
 
@@ -41,7 +42,7 @@ INFO_FILE = "digits_supernet.json"
 TEST_FILE = "digits_test.npz"
 NUM_CLASSES = 10
 #: The convert options the shipped supernet was built with.
-CONVERT_CONFIG = ConvertConfig(width_choices=(0.25, 0.5, 0.75, 1.0), min_depth=1)
+CONVERT_CONFIG = ConvertConfig(width_choices=(0.03125, 0.0625, 0.125, 0.25, 0.5, 1.0), min_depth=1)
 
 
 class DigitsBlock(nn.Module):

@@ -130,15 +130,28 @@ class FlopsModel:
             out_group = getattr(m, "out_group", None) if isinstance(m, WeightSlice) else None
             terms.append(_Term(area, out_group, out_full, in_group, in_full, tuple(stages)))
         self._terms = terms
+        # Channel group -> (dims, indices, choice -> size) as dicts: ActuationState.group_sizes does linear scans,
+        # which dominate when the search calls this half a million times.
+        self._groups = [(g.dim, g.index, dict(g.sizes)) for g in state.groups]
         self._cache: dict[SubnetConfig, float] = {}
+
+    def _group_sizes(self, cfg: SubnetConfig) -> list[int]:
+        values = dict(cfg.items())
+        sizes = []
+        for dim, index, table in self._groups:
+            if isinstance(dim, tuple):
+                sizes.append(table[tuple(values[d][i] for d, i in zip(dim, index))])
+            else:
+                sizes.append(table[values[dim][index]])
+        return sizes
 
     def __call__(self, cfg: SubnetConfig) -> float:
         """Multiply-accumulates per sample of ``cfg`` (a config of the model's space)."""
         cached = self._cache.get(cfg)
         if cached is not None:
             return cached
-        sizes = self._state.group_sizes(cfg)
-        depth = cfg["depth"] if "depth" in cfg.dims else ()
+        sizes = self._group_sizes(cfg)
+        depth = cfg.get("depth", ())
         kept = [set(kept_layers(n, int(depth[e]), rule)) if e >= 0 else None for e, n, rule in self._selects]
         total = 0.0
         for t in self._terms:

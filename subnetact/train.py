@@ -243,3 +243,6 @@ def _state(model: nn.Module):
 
 def _space(model: nn.Module):
     return _state(model).space
+
+
+__all__ = ["StepResult", "distillation_loss", "sandwich_step", "sandwich_subnets", "train_supernet"]

@@ -1,0 +1,175 @@
+"""The ``subnetact`` console command: ``subnetact demo`` and ``subnetact profile``.
+
+    subnetact demo [--duration 8] [--slo-ms ...] [--rate ...] [--out subnetact-demo]
+    subnetact profile [CHECKPOINT --factory torchvision.models:resnet50 --input-shape 3,224,224] --out profile.json
+
+``python -m subnetact ...`` is the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints, e.g. 1,4,16") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} must list ints >= 1, e.g. 1,4,16")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="subnetact", description="Serve weight-shared supernets (SuperServe).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo",
+        help="serve the embedded digits supernet with SlackFit and the baselines on this machine",
+        description="Profile the embedded digits supernet on this CPU, replay a bursty trace of test digits through "
+        "the live scheduler with each policy, and print SLO attainment, accuracy against the labels, latency and "
+        "throughput.",
+    )
+    demo.add_argument("--duration", type=float, default=8.0, help="seconds of trace per policy (default 8)")
+    demo.add_argument("--rate", type=float, default=1500.0, help="mean requests/s (default 1500)")
+    demo.add_argument("--load", type=float, default=None, help="instead of --rate: x the top subnet's b16 throughput")
+    demo.add_argument("--cv2", type=float, default=8.0, help="burstiness of the trace (default 8)")
+    demo.add_argument("--slo-ms", type=float, default=50.0, help="SLO in ms (default 50)")
+    demo.add_argument("--slo-factor", type=float, default=None, help="instead of --slo-ms: x the top's b16 latency")
+    demo.add_argument("--latency-stat", choices=("p99", "mean"), default="p99", help="latency policies plan with")
+    demo.add_argument(
+        "--policies", default=None, help="comma-separated: slackfit,mincost,maxacc,fixed,fixed:<id> (default all)"
+    )
+    demo.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32], help="profiled batch sizes")
+    demo.add_argument("--workers", type=int, default=1, help="inference worker threads (default 1)")
+    demo.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    demo.add_argument("--repeats", type=int, default=15, help="timed forwards per profile entry (default 15)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", type=Path, default=Path("subnetact-demo"), help="output folder")
+    demo.add_argument("--no-plot", action="store_true", help="do not write dynamics.png")
+
+    prof = sub.add_parser(
+        "profile",
+        help="measure a supernet's registered subnets and write a scheduling profile (JSON)",
+        description="Load a checkpoint written by subnetact.save (default: the embedded digits supernet), measure "
+        "each registered subnet at each batch size and write the profile JSON that scheduling policies read.",
+    )
+    prof.add_argument("checkpoint", nargs="?", default="digits", help='a .safetensors file, or "digits" (default)')
+    prof.add_argument(
+        "--factory", help="module:callable building the unconverted model, e.g. torchvision.models:resnet50"
+    )
+    prof.add_argument("--input-shape", type=_ints, help="one sample's shape, e.g. 3,224,224 (random input)")
+    prof.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32])
+    prof.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    prof.add_argument("--accuracies", type=Path, help="JSON list (or {id: accuracy}) of the subnets' accuracies")
+    prof.add_argument("--warmup", type=int, default=3)
+    prof.add_argument("--repeats", type=int, default=20)
+    prof.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    prof.add_argument("--out", type=Path, default=Path("profile.json"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        return _profile(args)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        print(f"subnetact {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(
+        duration_s=args.duration,
+        rate=args.rate,
+        load=args.load,
+        cv2=args.cv2,
+        slo_ms=args.slo_ms,
+        slo_factor=args.slo_factor,
+        latency_stat=args.latency_stat,
+        policies=args.policies.split(",") if args.policies else None,
+        batch_sizes=args.batch_sizes,
+        workers=args.workers,
+        threads=args.threads,
+        repeats=args.repeats,
+        seed=args.seed,
+        out_dir=args.out,
+        plot=not args.no_plot,
+    )
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> int:
+    import torch
+
+    from . import digits
+    from .io import load
+    from .profiler import profile
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    accuracies = None
+    if args.checkpoint == "digits":
+        model, record = digits.load_supernet()
+        example = digits.to_input(digits.test_split()[0][:1])
+        accuracies = [r["accuracy"] for r in record["pareto"]]
+    else:
+        if not args.factory or not args.input_shape:
+            raise ValueError(
+                f"checkpoint={args.checkpoint!r} needs --factory module:callable (the unconverted model) and "
+                "--input-shape (one sample's shape, e.g. 3,224,224)"
+            )
+        model = load(args.checkpoint, _factory(args.factory)).eval()
+        example = torch.randn(1, *args.input_shape)
+    if args.accuracies is not None:
+        data = json.loads(args.accuracies.read_text())
+        accuracies = (
+            {int(k) if str(k).isdigit() else k: v for k, v in data.items()} if isinstance(data, dict) else data
+        )
+    subnets = list(model.registered_subnets) or [model.active]
+    model.to(args.device)
+    prof = profile(
+        model,
+        subnets,
+        args.batch_sizes,
+        example_input=example,
+        device=args.device,
+        accuracies=accuracies,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        name=str(args.checkpoint),
+    )
+    prof.save(args.out)
+    for s in prof.subnets:
+        lat = ", ".join(f"b{b} {1e3 * st.mean_s:.2f}" for b, st in s.latency.items())
+        print(f"subnet {s.id}: accuracy {s.accuracy:g}, mean latency ms: {lat}")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _factory(spec: str):
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--factory {spec!r} must be module:callable, e.g. torchvision.models:resnet50")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"--factory {spec!r}: {exc}") from None
+    if not callable(fn):
+        raise ValueError(f"--factory {spec!r} is not callable")
+    return fn
+
+
+if __name__ == "__main__":
+    sys.exit(main())
