@@ -228,3 +228,21 @@ def test_calibrated_evaluator_calibrates_a_copy():
 def test_search_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         search(tiny_digits(), **kwargs)
+
+
+def test_measured_latency_cost_is_positive_and_cached(monkeypatch):
+    from subnetact import profiler
+
+    model = tiny_digits()
+    calls = []
+    real = profiler.profile
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(profiler, "profile", counting)
+    cost = subnetact.search.measured_latency(model, torch.randn(1, 1, 8, 8), batch_size=4, warmup=1, repeats=3)
+    a = cost(model.space.min())
+    assert a > 0 and cost(model.space.min()) == a and len(calls) == 1
+    assert cost(model.space.max()) > 0 and len(calls) == 2
