@@ -80,20 +80,16 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
         CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (checksum), was not written by
             subnetact, or does not match the model (space, keys, shapes, dtypes). Nothing is changed then.
     """
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
 
     from .convert import ConvertConfig, convert
 
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-        tensors = load_file(str(path))
-        from safetensors import safe_open
-
+        # One open reads the header (metadata) and every tensor; a truncated file fails here.
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
+            tensors = {key: f.get_tensor(key) for key in f.keys()}
         header = json.loads(metadata[FORMAT])
     except FileNotFoundError:
         raise CheckpointError(f"{str(path)!r} does not exist") from None
@@ -101,7 +97,6 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
         raise CheckpointError(
             f"{str(path)!r} is not a readable subnetact checkpoint (truncated or corrupted?): {exc}"
         ) from None
-    del header_len
     if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(
             f"{str(path)!r} has format {header.get('format')!r} version {header.get('format_version')!r}; "
