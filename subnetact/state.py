@@ -83,6 +83,8 @@ class ActuationState:
         self._pinned: dict[SubnetConfig, Plan] = {}
         self._lru: OrderedDict[SubnetConfig, Plan] = OrderedDict()
         self._warned: set[SubnetConfig] = set()
+        # (active config, actuate keywords) -> validated config; filled by ``SupernetMixin.actuate``
+        self.keyword_configs: dict[tuple, SubnetConfig] = {}
         self._lock = threading.Lock()
         self.local = threading.local()
         self.max_config = space.max()
@@ -195,6 +197,7 @@ class ActuationState:
         new.ops = copy.deepcopy(self.ops, memo)
         new.stats = {cfg: t.clone() for cfg, t in self.stats.items()}
         new._pinned, new._lru, new._warned = {}, OrderedDict(), set(self._warned)
+        new.keyword_configs = dict(self.keyword_configs)
         new._lock, new.local = threading.Lock(), threading.local()
         new.max_config = self.max_config
         # Plans hold views of the old model's tensors; the copied root compiles its own (``invalidate``) once

@@ -108,7 +108,7 @@ class SupernetMixin:
         elif keywords:
             # Keyword calls repeat (a server cycles through a few subnets): memoise the validated config per
             # (active config, keywords), so they cost a dict lookup instead of a validation of every entry.
-            cache = state.__dict__.setdefault("keyword_configs", {})
+            cache = state.keyword_configs
             key = _keyword_key(state.default_config, keywords)
             config = None if key is None else cache.get(key)
             if config is None:
