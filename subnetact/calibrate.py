@@ -10,7 +10,7 @@ from torch import nn
 
 from .config import SubnetConfig
 from .errors import InvalidSubnetError
-from .supernet import SupernetMixin
+from .supernet import state_of
 
 
 def default_forward(model: nn.Module, batch: Any) -> Any:
@@ -57,9 +57,7 @@ def calibrate(
 
         >>> subnetact.calibrate(model, [x[i : i + 64] for i in range(0, 2000, 64)], subnets=served_set)
     """
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
-    state = model._subnetact
+    state = state_of(model)
     configs = [model.active] if subnets is None else list(subnets)
     configs = [state.space.validate(c if isinstance(c, SubnetConfig) else SubnetConfig.from_dict(c)) for c in configs]
     if iter(batches) is batches:

@@ -16,7 +16,7 @@ from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_er
 from .space import Entry, Space
 from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
-from .supernet import SupernetMixin, supernet_class
+from .supernet import SupernetMixin, state_of, supernet_class
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
@@ -259,8 +259,7 @@ def unconvert(model: nn.Module) -> nn.Module:
 
     Registered statistics are dropped; the BatchNorm layers keep the supernet's own running statistics.
     """
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet")
+    state_of(model)
     for path, module in reversed(list(model.named_modules())):
         if isinstance(module, Operator):
             _replace(model, path, module.to_base())

@@ -11,7 +11,7 @@ from ._registry import ClassRegistry
 from .config import SubnetConfig
 from .operator import Operator
 from .state import Plan
-from .supernet import SupernetMixin
+from .supernet import state_of
 
 
 def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
@@ -25,9 +25,7 @@ def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
         model: a model returned by :func:`subnetact.convert`.
         config: the subnet to extract; None for ``model.active``.
     """
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
-    state = model._subnetact
+    state = state_of(model)
     plan = state.default if config is None else state.plan_for(config)
     base = type(model)._subnetact_base
     dense = _rebuild(model, plan, root_class=base)

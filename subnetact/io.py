@@ -16,7 +16,7 @@ from torch import nn
 from .config import SubnetConfig
 from .errors import CheckpointError
 from .space import Space
-from .supernet import SupernetMixin
+from .supernet import SupernetMixin, state_of
 
 FORMAT = "subnetact"
 FORMAT_VERSION = 1
@@ -32,7 +32,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
     """
     from safetensors.torch import save_file
 
-    state = _state_of(model)
+    state = state_of(model)
     tensors: dict[str, torch.Tensor] = {}
     aliases: dict[str, str] = {}
     seen: dict[tuple, str] = {}
@@ -179,9 +179,3 @@ def _digest(tensors: dict[str, torch.Tensor]) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
-
-
-def _state_of(model: nn.Module):
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
-    return model._subnetact

@@ -17,7 +17,7 @@ from torch import nn
 
 from ._progress import Progress
 from .config import SubnetConfig
-from .supernet import SupernetMixin
+from .supernet import state_of
 
 if TYPE_CHECKING:  # scheduling is imported lazily: ``import subnetact`` stays light
     from scheduling import Profile
@@ -80,8 +80,7 @@ def profile(
     """
     from scheduling import LatencyStats, Profile, Subnet
 
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
+    state_of(model)
     ids, configs = _subnets(model, subnets)
     batch_sizes = _batch_sizes(batch_sizes)
     accs = _accuracies(accuracies, ids)

@@ -38,7 +38,7 @@ from .calibrate import calibrate
 from .config import SubnetConfig
 from .layer_select import LayerSelect, LayerSelectList, kept_layers
 from .space import Space
-from .supernet import SupernetMixin
+from .supernet import state_of
 from .weight_slice import WeightSlice
 
 AccuracyFn = Callable[[SubnetConfig], float]
@@ -77,7 +77,7 @@ class FlopsModel:
     """
 
     def __init__(self, model: nn.Module, example_input: Any) -> None:
-        state = _state(model)
+        state = state_of(model)
         self._state = state
         selects = [(path, m) for path, m in model.named_modules() if isinstance(m, (LayerSelect, LayerSelectList))]
         self._selects = [(m.depth_entry, len(m._modules), m.rule) for _, m in selects]
@@ -198,7 +198,7 @@ def calibrated_evaluator(
     ``evaluate(copy, cfg)`` is returned (e.g. validation accuracy of ``copy(x, subnet=cfg)``). ``model`` itself
     is not changed. Results are cached per config.
     """
-    _state(model)
+    state_of(model)
     clean = copy.deepcopy(model).eval()
     clean._subnetact.stats.clear()
     cache: dict[SubnetConfig, float] = {}
@@ -457,7 +457,7 @@ def search(
         ValueError: a bad argument (named), or neither ``evaluate`` nor ``predictor`` given.
     """
     start = time.perf_counter()
-    state = _state(model)
+    state = state_of(model)
     space = state.space
     if evaluate is None and predictor is None:
         raise ValueError("search needs evaluate= (cfg -> accuracy) or predictor= (a fitted AccuracyPredictor)")
@@ -568,12 +568,6 @@ def search(
         cost_calls=calls["cost"],
         accuracy_calls=calls["accuracy"],
     )
-
-
-def _state(model: nn.Module):
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
-    return model._subnetact
 
 
 def _as_call(example_input: Any) -> tuple[tuple, dict]:

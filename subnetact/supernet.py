@@ -181,6 +181,17 @@ def _keyword_key(active: SubnetConfig, keywords: dict[str, Any]) -> tuple | None
     return key
 
 
+def state_of(model: nn.Module) -> ActuationState:
+    """The actuation state of a converted model.
+
+    Raises:
+        TypeError: ``model`` was not converted by :func:`subnetact.convert`.
+    """
+    if not isinstance(model, SupernetMixin):
+        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
+    return model._subnetact
+
+
 def supernet_class(base: type) -> type:
     """The converted-root class for ``base`` (one per base class, so ``type(a) is type(b)`` for two ResNets)."""
     cls = _CLASS_CACHE.get(base)

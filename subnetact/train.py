@@ -30,7 +30,7 @@ from torch import nn
 from .calibrate import calibrate
 from .config import SubnetConfig
 from .errors import UncalibratedSubnetWarning
-from .supernet import SupernetMixin
+from .supernet import state_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -198,7 +198,7 @@ def train_supernet(
     Returns:
         The mean summed step loss of each epoch.
     """
-    state = _state(model)
+    state = state_of(model)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"epochs={epochs!r} must be an int >= 1")
     if served is not None and calibration_batches is None:
@@ -235,14 +235,8 @@ def _forward(model: nn.Module, inputs: Any, cfg: SubnetConfig) -> torch.Tensor:
     return model(inputs, subnet=cfg)
 
 
-def _state(model: nn.Module):
-    if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
-    return model._subnetact
-
-
 def _space(model: nn.Module):
-    return _state(model).space
+    return state_of(model).space
 
 
 __all__ = ["StepResult", "distillation_loss", "sandwich_step", "sandwich_subnets", "train_supernet"]
