@@ -26,7 +26,7 @@ def main() -> None:
 
     # 2. The paper's served set: six Pareto subnets, from OFA's {"d", "e", "w"} dicts.
     served = [s.config(model) for s in zoo.SUPERSERVE_OFA_RESNET50]
-    print("subnet 3 in OFA's format:", served[3].to_ofa(model))
+    print("subnet 3 in OFA's format:", subnetact.ofa.to_ofa(served[3], model))
 
     # 3. Per-subnet BatchNorm statistics (SubnetNorm), once-for-all's exact recalibration. Random images here.
     batches = [torch.randn(8, 3, 64, 64) for _ in range(2)]

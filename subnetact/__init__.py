@@ -9,7 +9,10 @@ Importing this package never initialises CUDA and never imports torchvision or t
 """
 
 from . import (
-    hf,  # registers the Hugging Face adapters by class name; imports no transformers
+    builtins,  # noqa: F401  (registers the built-in rules and adapters by class name; imports no optional library)
+    extend,  # the extension API: rules, adapters, plans, operators
+    hf,
+    ofa,
     search,  # Pareto search (torch only)
     train,  # supernet training: sandwich rule + in-place distillation
 )
@@ -18,7 +21,9 @@ from .config import SubnetConfig
 from .convert import ConvertConfig, convert, unconvert
 from .errors import (
     CheckpointError,
+    ConfigError,
     InvalidSubnetError,
+    NotConvertedError,
     SubnetActError,
     UncalibratedSubnetWarning,
     UnsupportedModelError,
@@ -40,11 +45,13 @@ __all__ = [
     "BlockSpec",
     "ChannelSpec",
     "CheckpointError",
+    "ConfigError",
     "ConvertConfig",
     "Entry",
     "InvalidSubnetError",
     "LayerSelect",
     "LayerSelectList",
+    "NotConvertedError",
     "Space",
     "SubnetActError",
     "SubnetConfig",
@@ -59,9 +66,11 @@ __all__ = [
     "calibrate",
     "convert",
     "export",
+    "extend",
     "hf",
     "kept_layers",
     "load",
+    "ofa",
     "profile",
     "register_block_rule",
     "reorder",

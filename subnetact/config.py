@@ -141,23 +141,6 @@ class SubnetConfig:
             raise InvalidSubnetError(f"SubnetConfig.from_dict expects a mapping, got {type(data).__name__}")
         return cls(**{str(k): v for k, v in data.items()})
 
-    @classmethod
-    def from_ofa(cls, arch: Mapping[str, Any], space: Any) -> SubnetConfig:
-        """The config of a once-for-all subnet dict (``{"d", "e", "w"}`` for OFAResNets, ``{"ks", "e", "d"}`` for
-        OFAMobileNetV3), for the space of the converted network (``model.space`` or the model). OFA's dicts are
-        ambiguous without the network (ResNet ``d`` counts extra blocks and ``d[0]`` is a stem flag, ``w`` holds
-        indices), hence ``space``. See :func:`subnetact.ofa.from_ofa`."""
-        from .ofa.config import from_ofa
-
-        return from_ofa(arch, space)
-
-    def to_ofa(self, space: Any) -> dict[str, list[Value]]:
-        """once-for-all's dict for this config (``set_active_subnet(**cfg.to_ofa(model.space))``); the inverse of
-        :meth:`from_ofa`. See :func:`subnetact.ofa.to_ofa`."""
-        from .ofa.config import to_ofa
-
-        return to_ofa(self, space)
-
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. Equal configs give equal strings."""
         # 1 == 1.0 in Python (same hash, equal configs), so integral floats are written as ints to keep the

@@ -5,11 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from torch import nn
 
 from ._registry import ClassRegistry
-from .errors import UnsupportedModelError
+from .errors import ConfigError, UnsupportedModelError
+from .graph import analyse_trace
 from .layer_select import PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
@@ -17,6 +19,8 @@ from .space import Entry, Space
 from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin, state_of, supernet_class
+from .trace import sliceable_kind
+from .verify import trace_model, verify_conversion
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
@@ -40,14 +44,14 @@ class ConvertConfig:
         choices = tuple(self.width_choices)
         object.__setattr__(self, "width_choices", choices)
         if not choices:
-            raise ValueError("width_choices=() must hold at least one fraction in (0, 1]")
+            raise ConfigError("width_choices=() must hold at least one fraction in (0, 1]")
         for w in choices:
             if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= 1):
-                raise ValueError(f"width_choices={choices!r}: every value must be a number in (0, 1], got {w!r}")
+                raise ConfigError(f"width_choices={choices!r}: every value must be a number in (0, 1], got {w!r}")
         if list(choices) != sorted(set(choices)):
-            raise ValueError(f"width_choices={choices!r} must be strictly increasing")
+            raise ConfigError(f"width_choices={choices!r} must be strictly increasing")
         if isinstance(self.min_depth, bool) or not isinstance(self.min_depth, int) or self.min_depth < 1:
-            raise ValueError(f"min_depth={self.min_depth!r} must be an int >= 1")
+            raise ConfigError(f"min_depth={self.min_depth!r} must be an int >= 1")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -72,31 +76,46 @@ def convert(
     config: ConvertConfig | None = None,
     *,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
+    example_inputs: Any = None,
 ) -> nn.Module:
     """Rewrite ``model`` in place into an actuatable supernet and return it (the same object).
 
-    The pass (Algorithm 1): every ``nn.Sequential`` whose children are all blocks with a registered rule is a
-    *stage* and becomes a :class:`LayerSelect`; inside each block the layers producing, normalising and consuming the
-    block's elastic channels become :class:`WeightSliceConv2d` / :class:`WeightSliceLinear`; every
-    ``nn.BatchNorm2d`` of the model becomes a :class:`SubnetNorm` (a norm outside the elastic channels still sees
-    activations that depend on the subnet, so it needs per-subnet statistics too). Parameters and buffers are the
-    original tensors; ``state_dict()`` keys do not change. The root's class becomes a subclass of its own class
-    that adds ``actuate``, ``space``, ``active``, ``export`` and ``forward(..., subnet=cfg)``. The residual stream
-    is not sliced.
+    The pass (Algorithm 1) finds the model's elastic dimensions and inserts SubNetAct's operators:
 
-    Everything is validated before the first change: on error the model is left exactly as it was.
+    - by default from one traced forward on an example input (:mod:`subnetact.trace`, :mod:`subnetact.graph`):
+      every channel group that only sliceable layers read becomes elastic (one ``width`` entry per block owning
+      groups), and every run of residual blocks ``y = x + f(x)`` in an ``nn.Sequential`` becomes a ``depth`` entry;
+    - block rules (:func:`register_block_rule`) override the trace for the blocks they know (the built-in ones cover
+      torchvision's ResNets), and a model adapter (once-for-all, Hugging Face) replaces the analysis entirely.
+
+    Layers producing, normalising and consuming elastic channels become :class:`WeightSliceConv2d` /
+    :class:`WeightSliceLinear` / :class:`SubnetNorm`; stages become :class:`LayerSelect`; every other
+    ``nn.BatchNorm2d`` becomes an unsliced :class:`SubnetNorm` (its input still depends on the subnet). Parameters and
+    buffers are the original tensors; ``state_dict()`` keys do not change. The root's class becomes a subclass of
+    its own class that adds ``actuate``, ``space``, ``active``, ``export`` and ``forward(..., subnet=cfg)``. Residual
+    streams are not sliced.
+
+    Before returning, the converted model runs the example input at its largest subnet, whose output must equal the
+    original model's bit for bit, and at its smallest, whose outputs must have the original's shapes. Everything is
+    validated first and any failure undoes the conversion: on error the model is left exactly as it was.
 
     Args:
-        model: the supernet, e.g. any torchvision ResNet / ResNeXt / Wide ResNet.
+        model: the model to convert.
         config: the search space to build (width choices, minimum depth); defaults to :class:`ConvertConfig()`.
-        filter_fn: ``(stage_module, fqn) -> bool``; only stages it accepts become elastic. Default: all.
+        filter_fn: ``(module, fqn) -> bool`` called on each candidate stage and each owner of channel groups; only
+            those it accepts become elastic. Default: all.
+        example_inputs: what ``model`` takes: a tensor, a tuple of positional arguments or a dict of keyword
+            arguments (batch 1 is enough). Default: an image batch built from the first convolution (trying a few
+            sizes, or the model's ``image_size``) or a vector batch for the first linear layer.
 
     Returns:
         ``model`` itself, now actuated on its largest subnet.
 
     Raises:
-        UnsupportedModelError: no stage was found, or a block type has no rule (the message names the module
-            path and type and how to register a rule), or the model is already converted.
+        UnsupportedModelError: nothing in the model can be made elastic (the message says why for the largest
+            channel groups: the module path and the operation that blocks them), the converted model fails the check
+            above, or the model is already converted.
+        ConfigError: ``config`` or ``example_inputs`` is not valid.
 
     Example::
 
@@ -106,18 +125,28 @@ def convert(
     """
     config = ConvertConfig() if config is None else config
     if not isinstance(config, ConvertConfig):
-        raise TypeError(f"config={config!r} must be a subnetact.ConvertConfig")
+        raise ConfigError(f"config={config!r} must be a subnetact.ConvertConfig")
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        raise UnsupportedModelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, SupernetMixin):
         raise UnsupportedModelError("model is already converted (call subnetact.unconvert(model) first)")
 
     # Phase 1: analyse and validate (no mutation). A model adapter, if one is registered for the model's class,
-    # replaces the generic block-rule analysis.
+    # replaces the analysis and is trusted to be exact (its own tests check parity with its reference).
     adapter = find_model_adapter(model)
-    plan = adapter(model, config, filter_fn) if adapter is not None else analyse_blocks(model, config, filter_fn)
-    # Phase 2: rewrite.
-    apply_conversion(model, plan, config)
+    if adapter is not None:
+        plan = adapter(model, config, filter_fn)
+        apply_conversion(model, plan, config)
+        return model
+    plan, call, reference = analyse_model(model, config, filter_fn, example_inputs)
+    # Phase 2: rewrite, then check; undo everything on failure.
+    replaced = apply_conversion(model, plan, config)
+    if call is not None:
+        try:
+            verify_conversion(model, call, reference)
+        except BaseException:
+            rollback(model, replaced)
+            raise
     return model
 
 
@@ -128,6 +157,8 @@ class StagePlan:
 
     path: str
     rule: str = PREFIX
+    start: int = 0  # a run of positions [start, end) of the Sequential (end None: to its end)
+    end: int | None = None
 
 
 @dataclass
@@ -162,11 +193,7 @@ class ConversionPlan:
 ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], ConversionPlan]
 
 
-def _load_builtin_adapters() -> None:
-    from . import ofa  # noqa: F401  (registers once-for-all adapters by class name; does not import ofa)
-
-
-_ADAPTERS: ClassRegistry[ModelAdapter] = ClassRegistry(_load_builtin_adapters)
+_ADAPTERS: ClassRegistry[ModelAdapter] = ClassRegistry()  # built-ins: subnetact/builtins.py
 
 
 def register_model_adapter(model_type: type | str) -> Callable[[ModelAdapter], ModelAdapter]:
@@ -179,12 +206,64 @@ def find_model_adapter(model: nn.Module) -> ModelAdapter | None:
     return _ADAPTERS.lookup(type(model))
 
 
-def analyse_blocks(
-    model: nn.Module, config: ConvertConfig, filter_fn: Callable[[nn.Module, str], bool] | None
-) -> ConversionPlan:
-    """The generic analysis: stages are ``nn.Sequential`` of blocks with registered rules; one ``width`` entry
-    per block with elastic channels, one ``depth`` entry per stage."""
-    stages = _find_stages(model, filter_fn)
+def analyse_model(
+    model: nn.Module,
+    config: ConvertConfig,
+    filter_fn: Callable[[nn.Module, str], bool] | None,
+    example_inputs: Any,
+) -> tuple[ConversionPlan, tuple[tuple, dict] | None, Any]:
+    """The default analysis: block rules where they apply, the trace everywhere else.
+
+    Returns:
+        The plan, the example call ``(args, kwargs)`` to verify with (None: no input could be built and the rules
+        alone were used) and the original model's output on it.
+    """
+    rule_stages = _find_stages(model, filter_fn)
+    rules = analyse_blocks(model, config, rule_stages)
+    covered = _covered_by(rule_stages)
+    found = trace_model(model, example_inputs, required=not rule_stages)
+    if found is None:
+        return rules, None, None
+    call, trace = found
+    graph = analyse_trace(model, trace, config.width_choices, covered=covered, filter_fn=filter_fn)
+
+    stages = list(rules.stages)
+    depth = list(rules.dims.get("depth", []))
+    for path, start, end, n in graph.stages:
+        whole = start == 0 and end == len(model.get_submodule(path)._modules)
+        stages.append(StagePlan(path, PREFIX, start, end))
+        depth.append(Entry(path if whole else f"{path}[{start}:{end}]", tuple(range(min(config.min_depth, n), n + 1))))
+    width = list(rules.dims.get("width", []))
+    offset_entries, offset_groups = len(width), len(rules.groups)
+    width += [Entry(name, config.width_choices) for name in graph.width_names]
+    groups = list(rules.groups) + [
+        ChannelGroup(g.dim, g.index + offset_entries, g.full, g.sizes) for g in graph.groups
+    ]
+
+    def shift(g: int | None) -> int | None:
+        return None if g is None else g + offset_groups
+
+    slices = dict(rules.slices)
+    slices.update({path: (shift(o), shift(i)) for path, (o, i) in graph.slices.items()})
+    norms = {path: shift(g) for path, g in graph.norms.items()}
+    norms.update(rules.norms)
+    if not groups and not any(len(e.choices) > 1 for e in depth):
+        why = "; ".join(graph.blocked[:3]) or "it has no conv/linear layer whose channels could shrink"
+        raise UnsupportedModelError(
+            f"nothing in {type(model).__qualname__} can be made elastic: no residual block y = x + f(x) inside an "
+            f"nn.Sequential, and every channel group stays at full width ({why})"
+        )
+    dims = {}
+    if depth:
+        dims["depth"] = depth
+    if width:
+        dims["width"] = width
+    return ConversionPlan(stages, dims, groups, slices, norms), call, trace.output
+
+
+def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]) -> ConversionPlan:
+    """The block-rule analysis: one ``depth`` entry per stage of ruled blocks, one ``width`` entry per block with
+    elastic channels."""
     depth_entries, width_entries, groups = [], [], []
     slices: dict[str, tuple[int | None, int | None]] = {}
     norms: dict[str, int | None] = {}
@@ -209,49 +288,100 @@ def analyse_blocks(
             for name in spec.width.norms:
                 norms[f"{path}.{name}"] = group
         depth_entries.append(Entry(stage.path, tuple(range(min(config.min_depth, n), n + 1))))
-    dims = {"depth": depth_entries}
+    dims = {}
+    if depth_entries:
+        dims["depth"] = depth_entries
     if width_entries:
         dims["width"] = width_entries
     return ConversionPlan([StagePlan(s.path) for s in stages], dims, groups, slices, norms)
 
 
-def apply_conversion(model: nn.Module, plan: ConversionPlan, config: ConvertConfig) -> None:
-    """Phase 2 of :func:`convert`: insert the operators ``plan`` describes and wire the shared state."""
+def _covered_by(stages: list[_Stage]) -> Callable[[str], bool]:
+    """``path -> bool``: whether a block rule handles the module at ``path`` (a ruled stage or inside a ruled
+    block)."""
+    names = {s.path for s in stages} | {path for s in stages for path, _, _ in s.blocks}
+
+    def covered(path: str) -> bool:
+        parts = path.split(".")
+        return any(".".join(parts[:i]) in names for i in range(1, len(parts) + 1))
+
+    return covered
+
+
+def apply_conversion(
+    model: nn.Module, plan: ConversionPlan, config: ConvertConfig
+) -> list[tuple[nn.Module, str, Any]]:
+    """Phase 2 of :func:`convert`: insert the operators ``plan`` describes and wire the shared state.
+
+    Returns:
+        ``(parent, name, original module)`` for every replacement, in order, for :func:`rollback`.
+    """
     space = Space(plan.dims, plan.links)  # validates the entries before anything changes
-    if len(space.entries("depth")) != len(plan.stages):
-        raise UnsupportedModelError(f"{len(plan.stages)} stages but {len(space.entries('depth'))} depth entries")
+    n_depth = len(space.entries("depth")) if "depth" in space.dims else 0
+    if n_depth != len(plan.stages):
+        raise UnsupportedModelError(f"{len(plan.stages)} stages but {n_depth} depth entries")
     if plan.prepare is not None:
         plan.prepare(model)
+    replaced: list[tuple[nn.Module, str, Any]] = []
+    try:
+        _insert_operators(model, plan, replaced)
+        ops = [m for m in model.modules() if isinstance(m, Operator)]
+        index = {id(op): i for i, op in enumerate(ops)}
+        by_path: dict[str, list[tuple[int, StagePlan]]] = {}
+        for stage_index, stage in enumerate(plan.stages):
+            by_path.setdefault(stage.path, []).append((stage_index, stage))
+        for path, segments in by_path.items():
+            ls = model.get_submodule(path)
+            n = len(ls._modules)
+            ls.segments = sorted(
+                ((i, s.start, n if s.end is None else s.end) for i, s in segments), key=lambda seg: seg[1]
+            )
+            # ``_modules``, not children(): a LayerSelectList iterates over the active blocks only, and children()
+            # skips a block object held twice.
+            ls.member_ops = [
+                [index[id(m)] for m in block.modules() if id(m) in index] for block in ls._modules.values()
+            ]
+        state = ActuationState(space, ops, plan.groups, config)
+        for i, op in enumerate(ops):
+            op._op_index = i
+            op._subnetact_state = state
+        model.__class__ = supernet_class(type(model))
+        model._subnetact = state
+        state.invalidate()
+    except BaseException:
+        rollback(model, replaced)
+        raise
+    return replaced
+
+
+def _insert_operators(model: nn.Module, plan: ConversionPlan, replaced: list) -> None:
     for path, factory in plan.custom.items():
-        _replace(model, path, factory(model.get_submodule(path)))
+        _replace(model, path, factory(model.get_submodule(path)), replaced)
     for path, (out_group, in_group) in plan.slices.items():
         layer = model.get_submodule(path)
         cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
-        _replace(model, path, cls.from_module(layer, out_group, in_group))
+        _replace(model, path, cls.from_module(layer, out_group, in_group), replaced)
     for path, group in plan.norms.items():
-        _replace(model, path, SubnetNorm.from_module(model.get_submodule(path), group))
+        _replace(model, path, SubnetNorm.from_module(model.get_submodule(path), group), replaced)
     for path, module in list(model.named_modules()):
-        if type(module) is nn.BatchNorm2d:
-            _replace(model, path, SubnetNorm.from_module(module, None))
-    for stage in plan.stages:
-        module = model.get_submodule(stage.path)
+        if sliceable_kind(module) == "norm" and not isinstance(module, Operator):
+            _replace(model, path, SubnetNorm.from_module(module, None), replaced)
+    for path in dict.fromkeys(stage.path for stage in plan.stages):
+        module = model.get_submodule(path)
         cls = LayerSelectList if isinstance(module, nn.ModuleList) else LayerSelect
-        _replace(model, stage.path, cls.from_module(module, stage.rule))
+        rule = next(s.rule for s in plan.stages if s.path == path)
+        _replace(model, path, cls.from_module(module, rule), replaced)
 
-    ops = [m for m in model.modules() if isinstance(m, Operator)]
-    index = {id(op): i for i, op in enumerate(ops)}
-    for stage_index, stage in enumerate(plan.stages):
-        ls = model.get_submodule(stage.path)
-        ls.depth_entry = stage_index
-        # children(), not iteration: a LayerSelectList iterates over the active blocks only.
-        ls.member_ops = [[index[id(m)] for m in block.modules() if id(m) in index] for block in ls.children()]
-    state = ActuationState(space, ops, plan.groups, config)
-    for i, op in enumerate(ops):
-        op._op_index = i
-        op._subnetact_state = state
-    model.__class__ = supernet_class(type(model))
-    model._subnetact = state
-    state.invalidate()
+
+def rollback(model: nn.Module, replaced: list[tuple[nn.Module, str, Any]]) -> None:
+    """Undo :func:`apply_conversion`: put every original module back and restore the root's class."""
+    for parent, name, original in reversed(replaced):
+        setattr(parent, name, original)
+    replaced.clear()
+    base = getattr(type(model), "_subnetact_base", None)
+    if base is not None and isinstance(model, SupernetMixin):
+        model.__class__ = base
+    model.__dict__.pop("_subnetact", None)
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -272,22 +402,25 @@ def unconvert(model: nn.Module) -> nn.Module:
 def _find_stages(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] | None) -> list[_Stage]:
     stages: list[_Stage] = []
     inside_stage: list[str] = []
-    unknown: list[tuple[str, nn.Module]] = []
     for path, module in model.named_modules():
         if any(path.startswith(prefix + ".") for prefix in inside_stage):
             continue
         if not isinstance(module, nn.Sequential) or len(module) == 0:
             continue
-        children = list(module.named_children())
+        children = list(module._modules.items())
         rules = [find_block_rule(child) for _, child in children]
         if not any(rules):
-            unknown.extend(
-                (f"{path}.{name}" if path else name, child) for name, child in children if _looks_like_block(child)
-            )
             continue
         for (name, child), rule in zip(children, rules):
             if rule is None:
+                # A stage mixing ruled and unknown blocks: converting only part of it would be a silent partial
+                # conversion.
                 raise unsupported_block_error(f"{path}.{name}" if path else name, child)
+        if len({id(child) for _, child in children}) != len(children):
+            raise UnsupportedModelError(
+                f"stage {path!r} holds the same block object at several positions; LayerSelect cannot skip one of "
+                "them without skipping the others"
+            )
         if not path:
             raise UnsupportedModelError(
                 f"the root module ({type(model).__qualname__}) is itself a stage of blocks; wrap it in a container "
@@ -298,23 +431,12 @@ def _find_stages(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] |
         blocks = [(f"{path}.{name}", child, rule(child)) for (name, child), rule in zip(children, rules)]
         for block_path, _, spec in blocks:
             if not isinstance(spec, BlockSpec):
-                raise TypeError(f"the block rule for {block_path!r} returned {spec!r}, not a subnetact.BlockSpec")
+                raise UnsupportedModelError(
+                    f"the block rule for {block_path!r} returned {spec!r}, not a subnetact.BlockSpec"
+                )
         stages.append(_Stage(path, module, blocks))
         inside_stage.append(path)
-    if not stages:
-        if unknown:
-            raise unsupported_block_error(*unknown[0])
-        raise UnsupportedModelError(
-            f"found no stage in {type(model).__qualname__}: convert needs nn.Sequential containers of blocks with a "
-            "registered rule (see subnetact.register_block_rule)"
-        )
     return stages
-
-
-def _looks_like_block(module: nn.Module) -> bool:
-    if isinstance(module, (*_SLICEABLE, nn.BatchNorm2d, nn.Sequential)):
-        return False
-    return any(isinstance(m, _SLICEABLE) for m in module.modules())
 
 
 def _check_channel_spec(path: str, block: nn.Module, spec: ChannelSpec) -> None:
@@ -360,7 +482,9 @@ def _check_channel_spec(path: str, block: nn.Module, spec: ChannelSpec) -> None:
             raise UnsupportedModelError(f"{path}.{name} has {layer.num_features} features, rule says {spec.size}")
 
 
-def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
+def _replace(root: nn.Module, path: str, new: nn.Module, replaced: list | None = None) -> None:
     parent_path, _, name = path.rpartition(".")
     parent = root.get_submodule(parent_path) if parent_path else root
+    if replaced is not None:
+        replaced.append((parent, name, parent._modules[name]))
     setattr(parent, name, new)

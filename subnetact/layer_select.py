@@ -45,19 +45,44 @@ class _StageSelect(Operator):
         if rule not in RULES:
             raise ValueError(f"rule={rule!r} is not one of {RULES}")
         self.rule = rule
-        self.depth_entry = -1  # index into the space's ``depth`` dimension; set by convert
-        self.member_ops: list[list[int]] = []  # operator indices inside each block; set by convert
+        # (depth entry, first position, end position) per elastic run of blocks, set by convert. One segment
+        # covering every block is a whole stage; several segments are runs inside one flat Sequential (MobileNetV2's
+        # ``features``), whose positions outside every segment always run.
+        self.segments: list[tuple[int, int, int]] = []
+        self.member_ops: list[list[int]] = []  # operator indices inside each position; set by convert
+        self._container = type(self)._container
 
     @classmethod
     def from_module(cls, stage: nn.Module, rule: str = PREFIX):
         new = cls(rule=rule)
-        for name, block in stage.named_children():
+        # ``_modules``, not ``named_children()``: the latter skips a block object held twice, which would collapse
+        # the stage.
+        for name, block in stage._modules.items():
             new.add_module(name, block)
         new.training = stage.training
+        if isinstance(stage, new._container):
+            new._container = type(stage)  # a Sequential subclass (torchvision's AnyStage) is exported as itself
         return new
 
+    @property
+    def depth_entry(self) -> int:
+        """The depth entry of the first segment (-1 before convert wires it)."""
+        return self.segments[0][0] if self.segments else -1
+
+    @depth_entry.setter
+    def depth_entry(self, entry: int) -> None:
+        self.segments = [(entry, 0, len(self._modules))]
+
     def kept_positions(self, cfg: SubnetConfig) -> list[int]:
-        return kept_layers(len(self), int(cfg["depth"][self.depth_entry]), self.rule)
+        depth = cfg["depth"]
+        kept: list[int] = []
+        position = 0
+        for entry, start, end in self.segments:
+            kept.extend(range(position, start))
+            kept.extend(start + i for i in kept_layers(end - start, int(depth[entry]), self.rule))
+            position = end
+        kept.extend(range(position, len(self._modules)))
+        return kept
 
     def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple[nn.Module, ...]:
         children = list(self._modules.values())
@@ -67,16 +92,21 @@ class _StageSelect(Operator):
         """The blocks the current subnet runs, in order."""
         return self._subnetact_state.current().entries[self._op_index]
 
+    def _empty_container(self) -> nn.Module:
+        new = self._container.__new__(self._container)
+        nn.Module.__init__(new)
+        return new
+
     def export_dense(self, entry: tuple[nn.Module, ...], rebuild) -> nn.Module:
-        dense = self._container()
+        dense = self._empty_container()
         for i, block in enumerate(entry):
             dense.add_module(str(i), rebuild(block))
         dense.training = self.training
         return dense
 
     def to_base(self) -> nn.Module:
-        base = self._container()
-        for name, block in self.named_children():
+        base = self._empty_container()
+        for name, block in self._modules.items():
             base.add_module(name, block)
         base.training = self.training
         return base

@@ -36,7 +36,7 @@ from torch import nn
 from ._progress import Progress
 from .calibrate import calibrate
 from .config import SubnetConfig
-from .layer_select import LayerSelect, LayerSelectList, kept_layers
+from .layer_select import LayerSelect, LayerSelectList
 from .space import Space
 from .supernet import state_of
 from .weight_slice import WeightSlice
@@ -80,7 +80,7 @@ class FlopsModel:
         state = state_of(model)
         self._state = state
         selects = [(path, m) for path, m in model.named_modules() if isinstance(m, (LayerSelect, LayerSelectList))]
-        self._selects = [(m.depth_entry, len(m._modules), m.rule) for _, m in selects]
+        self._selects = [m for _, m in selects]
         layers = [(p, m) for p, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
         positions: dict[int, float] = {}
         batch: list[int] = []
@@ -152,7 +152,7 @@ class FlopsModel:
             return cached
         sizes = self._group_sizes(cfg)
         depth = cfg.get("depth", ())
-        kept = [set(kept_layers(n, int(depth[e]), rule)) if e >= 0 else None for e, n, rule in self._selects]
+        kept = [set(m.kept_positions(cfg)) if depth and m.segments else None for m in self._selects]
         total = 0.0
         for t in self._terms:
             if any(kept[s] is not None and p not in kept[s] for s, p in t.stages):

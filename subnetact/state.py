@@ -143,10 +143,13 @@ class ActuationState:
             if kept is None:
                 continue
             keep = set(kept(cfg))
+            # An operator held at a kept and at a skipped position (a block object used twice) still runs.
+            running = {i for pos in keep for i in op.member_ops[pos]}
             for pos, members in enumerate(op.member_ops):
                 if pos not in keep:
                     for i in members:
-                        active[i] = False
+                        if i not in running:
+                            active[i] = False
         return active
 
     def stats_layout(self, cfg: SubnetConfig) -> list[tuple[int, int]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,6 +35,8 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
 
     @classmethod
     def from_module(cls, bn: nn.BatchNorm2d, group: int | None) -> SubnetNorm:
+        """The operator for ``bn``: an ``nn.BatchNorm2d``, or a subclass that only adds ``drop`` / ``act`` modules
+        after the norm (timm's ``BatchNormAct2d``), which keep running after the sliced norm."""
         with torch.device("meta"):
             new = cls(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats)
         # Take over the very same Parameters and buffers (no copy).
@@ -41,14 +45,29 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
         new.num_batches_tracked = bn.num_batches_tracked
         new.training = bn.training
         new.group = group
+        for name in ("drop", "act"):
+            if name in bn._modules:
+                new.add_module(name, bn._modules[name])
+        # A norm without running statistics always normalises by the batch: it has nothing to calibrate, and
+        # registered statistics would make it differ from its export.
+        new.is_subnet_norm = bn.track_running_stats
+        new._base_class = type(bn)
+        new._base_state = {k: v for k, v in bn.__dict__.items() if not k.startswith("_") and k != "training"}
         return new
+
+    def _post(self, y: torch.Tensor) -> torch.Tensor:
+        for name in ("drop", "act"):
+            module = self._modules.get(name)
+            if module is not None:
+                y = module(y)
+        return y
 
     def active_channels(self, sizes: list[int]) -> int:
         return self.num_features if self.group is None else sizes[self.group]
 
     def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: tuple | None) -> tuple:
         k = self.active_channels(sizes)
-        if stats is None:
+        if stats is None or not self.is_subnet_norm:
             mean = None if self.running_mean is None else self.running_mean[:k]
             var = None if self.running_var is None else self.running_var[:k]
         else:
@@ -63,11 +82,11 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
         if torch.is_grad_enabled() and self.weight is not None and self.weight.requires_grad:
             weight, bias = self.weight[:k], self.bias[:k]
         calibration = getattr(state.local, "calibration", None)
-        if calibration is not None:
-            return self._calibrate(x, weight, bias, calibration)
+        if calibration is not None and self.is_subnet_norm:
+            return self._post(self._calibrate(x, weight, bias, calibration))
         if self.training or mean is None:
-            return self._train_forward(x, k, weight, bias)
-        return F.batch_norm(x, mean, var, weight, bias, False, 0.0, self.eps)
+            return self._post(self._train_forward(x, k, weight, bias))
+        return self._post(F.batch_norm(x, mean, var, weight, bias, False, 0.0, self.eps))
 
     def _train_forward(self, x: torch.Tensor, k: int, weight, bias) -> torch.Tensor:
         # nn.BatchNorm2d's momentum / cumulative-average logic, on the prefix views of the shared buffers.
@@ -96,10 +115,19 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
             acc[2] += n
         return F.batch_norm(x, batch_mean, batch_var, weight, bias, False, 0.0, self.eps)
 
+    def _plain(self, k: int) -> nn.BatchNorm2d:
+        """An empty module of the original class for ``k`` channels (its own attributes, no tensors yet)."""
+        cls = self._base_class
+        with torch.device("meta"):
+            plain = nn.BatchNorm2d.__new__(cls)
+            nn.BatchNorm2d.__init__(plain, k, self.eps, self.momentum, self.affine, self.track_running_stats)
+        plain.__dict__.update(self._base_state)
+        plain.num_features = k
+        return plain
+
     def to_dense(self, entry: tuple) -> nn.BatchNorm2d:
         k, weight, bias, mean, var = entry
-        with torch.device("meta"):
-            dense = nn.BatchNorm2d(k, self.eps, self.momentum, self.affine, self.track_running_stats)
+        dense = self._plain(k)
         if self.affine:
             dense.weight = nn.Parameter(self.weight[:k].detach().clone(), requires_grad=self.weight.requires_grad)
             dense.bias = nn.Parameter(self.bias[:k].detach().clone(), requires_grad=self.bias.requires_grad)
@@ -107,15 +135,18 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
             dense.running_mean = mean.detach().clone()
             dense.running_var = var.detach().clone()
             dense.num_batches_tracked = self.num_batches_tracked.detach().clone()
+        for name, module in self._modules.items():
+            dense.add_module(name, copy.deepcopy(module))
         dense.training = self.training
         return dense
 
     def to_base(self) -> nn.BatchNorm2d:
-        with torch.device("meta"):
-            base = nn.BatchNorm2d(self.num_features, self.eps, self.momentum, self.affine, self.track_running_stats)
+        base = self._plain(self.num_features)
         base.weight, base.bias = self.weight, self.bias
         base.running_mean, base.running_var = self.running_mean, self.running_var
         base.num_batches_tracked = self.num_batches_tracked
+        for name, module in self._modules.items():
+            base.add_module(name, module)
         base.training = self.training
         return base
 

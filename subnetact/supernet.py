@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import InvalidSubnetError
+from .errors import InvalidSubnetError, NotConvertedError
 from .space import Space
 from .state import ActuationState
 
@@ -185,10 +185,12 @@ def state_of(model: nn.Module) -> ActuationState:
     """The actuation state of a converted model.
 
     Raises:
-        TypeError: ``model`` was not converted by :func:`subnetact.convert`.
+        NotConvertedError: (a ``TypeError``) ``model`` was not converted by :func:`subnetact.convert`.
     """
     if not isinstance(model, SupernetMixin):
-        raise TypeError(f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)")
+        raise NotConvertedError(
+            f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)"
+        )
     return model._subnetact
 
 

@@ -106,8 +106,10 @@ def test_unknown_block_raises_naming_path_type_and_fix_and_leaves_model_unchange
 
 def test_model_without_stages_is_refused_clearly():
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())
-    with pytest.raises(UnsupportedModelError, match="found no stage"):
+    snap = _snapshot(model)
+    with pytest.raises(UnsupportedModelError, match=r"nothing in Sequential can be made elastic.*'0': they reach"):
         subnetact.convert(model)
+    _assert_unchanged(model, snap)
 
 
 def test_registered_rule_makes_a_custom_block_elastic():

@@ -6,7 +6,7 @@ name and ``convert`` finds them when it meets an OFA network.
     >>> model = subnetact.convert(OFAResNets(depth_list=[0, 1, 2], expand_ratio_list=[0.2, 0.25, 0.35],
     ...                                      width_mult_list=[0.65, 0.8, 1.0]))
     >>> subnetact.ofa.load_checkpoint(model, "ofa_resnet50.pth")
-    >>> model.actuate(subnetact.SubnetConfig.from_ofa({"d": [0, 1, 1, 1, 1], "e": 0.25, "w": 1}, model))
+    >>> model.actuate(subnetact.ofa.from_ofa({"d": [0, 1, 1, 1, 1], "e": 0.25, "w": 1}, model))
 
 See ``docs/ofa.md``.
 """

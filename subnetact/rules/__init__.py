@@ -67,11 +67,7 @@ class BlockSpec:
 BlockRule = Callable[[nn.Module], BlockSpec]
 
 
-def _load_builtin_rules() -> None:
-    from . import torchvision_resnet  # noqa: F401  (registers by name; does not import torchvision)
-
-
-_RULES: ClassRegistry[BlockRule] = ClassRegistry(_load_builtin_rules)
+_RULES: ClassRegistry[BlockRule] = ClassRegistry()  # built-ins: subnetact/builtins.py
 
 
 def register_block_rule(block_type: type | str) -> Callable[[BlockRule], BlockRule]:

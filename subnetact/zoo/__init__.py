@@ -67,9 +67,9 @@ class ServedSubnet:
     def config(self, space: Any):
         """The :class:`~subnetact.SubnetConfig` in a converted ``ofa_resnet50``'s space (``model.space`` or the
         model)."""
-        from ..config import SubnetConfig
+        from ..ofa.config import from_ofa
 
-        return SubnetConfig.from_ofa(self.ofa_dict(), space)
+        return from_ofa(self.ofa_dict(), space)
 
 
 def _build() -> tuple[ServedSubnet, ...]:

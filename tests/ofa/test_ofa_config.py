@@ -1,4 +1,4 @@
-"""SubnetConfig.from_ofa / to_ofa: OFA's quirks, by hand, and clear errors for invalid dicts."""
+"""subnetact.ofa.from_ofa / to_ofa: OFA's quirks, by hand, and clear errors for invalid dicts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from conftest import NARROW, ofa_resnets
 
 import subnetact
-from subnetact import SubnetConfig, zoo
+from subnetact import zoo
+from subnetact.ofa import from_ofa, to_ofa
 
 
 @pytest.fixture(scope="module")
@@ -21,32 +22,32 @@ E18 = [0.2, 0.25, 0.35] * 6
 
 
 def test_resnet_quirks_by_hand(space):
-    cfg = SubnetConfig.from_ofa({"d": [2, 0, 1, 2, 0], "e": E18, "w": [0, 2, 1, 1, 0, 2]}, space)
+    cfg = from_ofa({"d": [2, 0, 1, 2, 0], "e": E18, "w": [0, 2, 1, 1, 0, 2]}, space)
     # d[0] == max(depth_list) keeps the stem block; d[1:] are blocks beyond (2, 2, 4, 2).
     assert cfg.depth == (1, 2, 3, 6, 2)
     # e keeps a value for every block, including the ones depth skips (stage 1 runs 2 of its 4 blocks).
     assert cfg["expand"] == tuple(E18)
     # w holds indices into width_mult_list [0.1, 0.15, 0.2].
     assert cfg.width == (0.1, 0.2, 0.15, 0.15, 0.1, 0.2)
-    assert cfg.to_ofa(space) == {"d": [2, 0, 1, 2, 0], "e": E18, "w": [0, 2, 1, 1, 0, 2]}
+    assert to_ofa(cfg, space) == {"d": [2, 0, 1, 2, 0], "e": E18, "w": [0, 2, 1, 1, 0, 2]}
     # Any stem value other than max skips the block, as in OFA; it comes back as min(depth_list).
-    one = SubnetConfig.from_ofa({"d": [1, 0, 1, 2, 0], "e": E18, "w": [0, 2, 1, 1, 0, 2]}, space)
-    assert one.depth[0] == 0 and one.to_ofa(space)["d"][0] == 0
+    one = from_ofa({"d": [1, 0, 1, 2, 0], "e": E18, "w": [0, 2, 1, 1, 0, 2]}, space)
+    assert one.depth[0] == 0 and to_ofa(one, space)["d"][0] == 0
     # Scalars broadcast like OFA's val2list; the model can stand in for its space.
-    assert SubnetConfig.from_ofa({"d": 2, "e": 0.35, "w": 2}, space) == space.max()
-    assert SubnetConfig.from_ofa({"d": 0, "e": 0.2, "w": 0}, space) == space.min()
+    assert from_ofa({"d": 2, "e": 0.35, "w": 2}, space) == space.max()
+    assert from_ofa({"d": 0, "e": 0.2, "w": 0}, space) == space.min()
 
 
 def test_round_trips(space):
     rng = random.Random(0)
     for _ in range(200):
         cfg = space.sample(rng)
-        assert SubnetConfig.from_ofa(cfg.to_ofa(space), space) == cfg
+        assert from_ofa(to_ofa(cfg, space), space) == cfg
     net = ofa_resnets(seed=8, **NARROW)
     random.seed(1)
     for _ in range(50):
         arch = net.sample_active_subnet()
-        assert SubnetConfig.from_ofa(copy.deepcopy(arch), space).to_ofa(space) == arch
+        assert to_ofa(from_ofa(copy.deepcopy(arch), space), space) == arch
 
 
 def test_paper_subnets_translate(space):
@@ -54,7 +55,7 @@ def test_paper_subnets_translate(space):
     cfgs = [s.config(r50) for s in zoo.SUPERSERVE_OFA_RESNET50]
     assert cfgs[0] == r50.min() and cfgs[-1] == r50.max()
     assert cfgs[3].depth == (0, 2, 3, 5, 4) and cfgs[3].width == (0.65, 1.0, 0.65, 0.65, 0.8, 0.8)
-    assert [c.to_ofa(r50) for c in cfgs] == [s.ofa_dict() for s in zoo.SUPERSERVE_OFA_RESNET50]
+    assert [to_ofa(c, r50) for c in cfgs] == [s.ofa_dict() for s in zoo.SUPERSERVE_OFA_RESNET50]
 
 
 @pytest.mark.parametrize(
@@ -74,17 +75,17 @@ def test_paper_subnets_translate(space):
 )
 def test_invalid_dicts(space, arch, match):
     with pytest.raises(subnetact.InvalidSubnetError, match=match):
-        SubnetConfig.from_ofa(arch, space)
+        from_ofa(arch, space)
 
 
 def test_space_must_be_ofa(space):
     other = subnetact.Space({"depth": [subnetact.Entry("layer1", (1, 2))]})
     with pytest.raises(subnetact.InvalidSubnetError, match="not the space of a converted once-for-all"):
-        SubnetConfig.from_ofa({"d": 2, "e": 0.2, "w": 0}, other)
+        from_ofa({"d": 2, "e": 0.2, "w": 0}, other)
     with pytest.raises(TypeError, match="must be a subnetact.Space or a converted model"):
-        SubnetConfig.from_ofa({"d": 2, "e": 0.2, "w": 0}, "resnet")
+        from_ofa({"d": 2, "e": 0.2, "w": 0}, "resnet")
     with pytest.raises(subnetact.InvalidSubnetError, match=r"expand\[0\]=0.5 is not allowed"):
-        space.max().replace(expand=[0.5] * 18).to_ofa(space)
+        to_ofa(space.max().replace(expand=[0.5] * 18), space)
 
 
 def test_zoo_served_set():
