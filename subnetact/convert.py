@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
 from ._registry import ClassRegistry
@@ -20,7 +21,7 @@ from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin, state_of, supernet_class
 from .trace import sliceable_kind
-from .verify import trace_model, verify_conversion
+from .verify import eval_mode, trace_model, verify_conversion
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
@@ -225,6 +226,10 @@ def analyse_model(
     if found is None:
         return rules, None, None
     call, trace = found
+    # The reference is a plain forward: under the trace's TorchFunctionMode some modules take other kernels
+    # (nn.MultiheadAttention skips its fused fast path), which differ in the last bits.
+    with eval_mode(model), torch.no_grad():
+        reference = model(*call[0], **call[1])
     graph = analyse_trace(model, trace, config.width_choices, covered=covered, filter_fn=filter_fn)
 
     stages = list(rules.stages)
@@ -258,7 +263,7 @@ def analyse_model(
         dims["depth"] = depth
     if width:
         dims["width"] = width
-    return ConversionPlan(stages, dims, groups, slices, norms), call, trace.output
+    return ConversionPlan(stages, dims, groups, slices, norms), call, reference
 
 
 def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]) -> ConversionPlan:

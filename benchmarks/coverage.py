@@ -1,0 +1,238 @@
+"""Which architectures ``subnetact.convert`` handles with no user-written rule, checked for parity; writes a table.
+
+For every model (random weights, randomised BatchNorm statistics, eval mode):
+
+1. ``convert`` it (timed). A refusal must leave the model exactly as it was (same module types, same tensors); its
+   message goes into the table.
+2. The largest subnet must equal the original model: relative max error <= 1e-5 (``convert`` itself already checks
+   bit-for-bit on its own example input; this uses another input).
+3. ``calibrate`` the smallest subnet and a random one on two batches, then the actuated model must equal
+   ``export()`` for both: relative max error <= 1e-4.
+
+Usage::
+
+    python benchmarks/coverage.py                       # all torchvision classification models
+    python benchmarks/coverage.py --timm                # the timm models of issue 11 too
+    python benchmarks/coverage.py --models resnet18 vit_b_16 --out /tmp/cov.md
+
+Writes ``docs/coverage.md`` (``--out``) and prints one line per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import random
+import sys
+import time
+import warnings
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import subnetact  # noqa: E402
+from subnetact.verify import candidate_calls  # noqa: E402
+
+TIMM_MODELS = (
+    "resnet18",
+    "resnet50",
+    "resnext50_32x4d",
+    "regnety_002",
+    "efficientnet_b0",
+    "mobilenetv3_small_100",
+    "convnext_atto",
+    "vit_tiny_patch16_224",
+    "deit_tiny_patch16_224",
+    "densenet121",
+)
+
+
+def randomize_norms(model: nn.Module, seed: int = 0) -> nn.Module:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.running_mean is not None:
+                n = m.num_features
+                if m.affine:
+                    m.weight.copy_(torch.rand(n, generator=g) + 0.5)
+                    m.bias.copy_(torch.randn(n, generator=g) * 0.1)
+                m.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+                m.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+    return model
+
+
+def wake_up(model: nn.Module) -> nn.Module:
+    """Parameters initialised at (nearly) zero get random values: ConvNeXt's layer scale (1e-6) and ViT's zero head
+    would otherwise make every subnet's output (nearly) the original's."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.numel() and p.abs().max() < 1e-3:
+                p.copy_(torch.randn_like(p) * 0.5)
+    return model
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max().clamp_min(1e-12)).item()
+
+
+def snapshot(model: nn.Module) -> tuple:
+    return (
+        type(model),
+        [(n, type(m)) for n, m in model.named_modules()],
+        {k: v.clone() for k, v in model.state_dict().items()},
+    )
+
+
+def unchanged(model: nn.Module, snap: tuple) -> bool:
+    cls, types, tensors = snap
+    state = model.state_dict()
+    return (
+        type(model) is cls
+        and [(n, type(m)) for n, m in model.named_modules()] == types
+        and state.keys() == tensors.keys()
+        and all(torch.equal(state[k], tensors[k]) for k in tensors)
+    )
+
+
+def output(out) -> torch.Tensor:
+    return out if isinstance(out, torch.Tensor) else out[0]
+
+
+def check(name: str, build) -> dict:
+    torch.manual_seed(0)
+    model = wake_up(randomize_norms(build())).eval()
+    row = {"model": name, "params_m": sum(p.numel() for p in model.parameters()) / 1e6}
+    snap = snapshot(model)
+    reference = copy.deepcopy(model)
+    t0 = time.perf_counter()
+    try:
+        subnetact.convert(model)
+    except subnetact.SubnetActError as exc:
+        row.update(status="refused", convert_s=time.perf_counter() - t0, message=str(exc).replace("|", "/"))
+        row["unchanged"] = unchanged(model, snap)
+        return row
+    row["convert_s"] = time.perf_counter() - t0
+    space = model.space
+    row["depth"] = len(space.entries("depth")) if "depth" in space.dims else 0
+    row["width"] = len(space.entries("width")) if "width" in space.dims else 0
+    # A different input than convert's own check (seed 1), of the size convert found the model accepts.
+    x = None
+    for args, _kwargs in candidate_calls(reference, None):
+        x = torch.randn(2, *args[0].shape[1:], generator=torch.Generator().manual_seed(1))
+        try:
+            with torch.no_grad():
+                ref = output(reference(x))
+            break
+        except Exception:  # noqa: BLE001 (the model does not take this size)
+            x = None
+    with torch.no_grad():
+        row["max_err"] = rel_err(output(model(x)), ref)
+        cfgs = [space.min(), space.sample(random.Random(0))]
+        batches = [torch.randn(4, *x.shape[1:], generator=torch.Generator().manual_seed(s)) for s in (2, 3)]
+        subnetact.calibrate(model, batches, subnets=cfgs)
+        errs = []
+        for cfg in cfgs:
+            dense = subnetact.export(model, cfg).eval()
+            errs.append(rel_err(output(model(x, subnet=cfg)), output(dense(x))))
+        row["min_err"], row["random_err"] = errs
+        # The smallest subnet must actually be smaller: its output differs from the largest's.
+        row["min_vs_max"] = rel_err(output(model(x, subnet=cfgs[0])), ref)
+    ok = row["max_err"] <= 1e-5 and max(errs) <= 1e-4 and row["min_vs_max"] > 1e-4
+    row["status"] = "converted" if ok else "PARITY FAIL"
+    return row
+
+
+def torchvision_models(names: list[str] | None) -> list[tuple[str, object]]:
+    import torchvision
+
+    all_names = torchvision.models.list_models(module=torchvision.models)
+    out = []
+    for n in names or all_names:
+        if n not in all_names:
+            continue
+        kwargs = {"num_classes": 10}
+        if n in ("googlenet", "inception_v3"):
+            kwargs.update(aux_logits=False, init_weights=True)
+        out.append((n, lambda n=n, kw=kwargs: torchvision.models.get_model(n, **kw)))
+    return out
+
+
+def timm_models(names: list[str] | None) -> list[tuple[str, object]]:
+    import timm
+
+    return [
+        (f"timm/{n}", lambda n=n: timm.create_model(n, pretrained=False, num_classes=10))
+        for n in TIMM_MODELS
+        if names is None or n in names or f"timm/{n}" in names
+    ]
+
+
+def write_table(rows: list[dict], path: str, command: str) -> None:
+    tv = [r for r in rows if not r["model"].startswith("timm/")]
+    converted = sum(r["status"] == "converted" for r in tv)
+    lines = [
+        "# Coverage: which architectures `subnetact.convert` handles with no user-written rule",
+        "",
+        f"Generated by `{command}` (random weights, randomised BatchNorm statistics, CPU, "
+        f"load average {os.getloadavg()[0]:.1f}).",
+        "",
+        f"**torchvision: {converted} of {len(tv)} classification models convert with parity.** "
+        "Parity: the largest subnet equals the original (relative max error <= 1e-5) and, after `calibrate`, the "
+        "actuated model equals `export()` for the smallest and a random subnet (<= 1e-4); *min vs max* (the smallest "
+        "subnet's output against the original's, relative) shows the smallest subnet really is smaller. A refused "
+        "model is left unchanged (checked: same module types and tensors).",
+        "",
+        "| model | params (M) | status | convert (s) | depth entries | width entries | max err | min err | "
+        "random err | min vs max | note |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if r["status"] == "refused":
+            note = ("unchanged; " if r.get("unchanged") else "**CHANGED**; ") + r["message"]
+            lines.append(
+                f"| {r['model']} | {r['params_m']:.1f} | refused | {r['convert_s']:.2f} | | | | | | | {note} |"
+            )
+        elif "error" in r:
+            lines.append(f"| {r['model']} | {r.get('params_m', 0):.1f} | ERROR | | | | | | | | {r['error']} |")
+        else:
+            lines.append(
+                f"| {r['model']} | {r['params_m']:.1f} | {r['status']} | {r['convert_s']:.2f} | {r['depth']} | "
+                f"{r['width']} | {r['max_err']:.1e} | {r['min_err']:.1e} | {r['random_err']:.1e} | "
+                f"{r['min_vs_max']:.2f} | |"
+            )
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="*", help="only these model names (torchvision, or timm/<name>)")
+    parser.add_argument("--timm", action="store_true", help="also the timm models of issue 11")
+    parser.add_argument("--no-torchvision", action="store_true")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "coverage.md"))
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave as is)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    todo = [] if args.no_torchvision else torchvision_models(args.models)
+    if args.timm:
+        todo += timm_models(args.models)
+    rows = []
+    for name, build in todo:
+        try:
+            row = check(name, build)
+        except Exception as exc:  # noqa: BLE001 (reported in the table)
+            row = {"model": name, "status": "ERROR", "error": f"{type(exc).__name__}: {exc}"[:300].replace("|", "/")}
+        rows.append(row)
+        shown = {k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in row.items() if k != "message"}
+        print(shown, row.get("message", "")[:200], flush=True)
+        gc.collect()
+    write_table(rows, args.out, "python " + " ".join(sys.argv))
+
+
+if __name__ == "__main__":
+    main()
