@@ -10,7 +10,9 @@ Main pieces:
   (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
 - :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
 - :class:`Scheduler`: the live, thread-based scheduler returning ``concurrent.futures.Future`` objects.
-- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code.
+- :class:`LatencyModel`: online latency estimates fed by measured service times (adaptive planning).
+- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code; it can inject
+  :class:`Interference` (a time-varying slowdown per worker).
 - :mod:`scheduling.traces` and :mod:`scheduling.datasets`: seeded traces and the shipped data.
 """
 
@@ -30,11 +32,12 @@ from .errors import (
     WorkerResultError,
 )
 from .gearplan import GearPlan
+from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsSummary, OutcomeRecord
 from .policies import Decision, Fixed, MaxAcc, MaxBatch, MinCost, Policy
 from .profile import LatencyStats, Profile, PropertyReport, PropertyViolation, Subnet, synthetic_profile
 from .scheduler import Scheduler
-from .simulator import SimConfig, SimResult, simulate
+from .simulator import Interference, SimConfig, SimResult, simulate
 from .slackfit import SlackFit
 
 __all__ = [
@@ -44,8 +47,10 @@ __all__ = [
     "EDFQueue",
     "Fixed",
     "GearPlan",
+    "Interference",
     "InvalidProfileError",
     "InvalidRequestError",
+    "LatencyModel",
     "LatencyStats",
     "MaxAcc",
     "MaxBatch",
