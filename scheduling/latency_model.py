@@ -11,8 +11,11 @@ The model is multiplicative, in log space::
 - ``worker_factor`` is a time-based EWMA (half-life ``halflife_s``) of each worker's log ratio measured / expected: it
   follows a slowdown or a recovery within a few half-lives of traffic and scales *every* entry of that worker,
   including entries never measured.
-- ``entry`` is a per-(subnet, batch size) offset learned slowly (weight ``entry_weight`` per sample) from what the
-  worker factor does not explain: a profile that is wrong for one entry only.
+- ``entry`` is a per-(subnet, batch size) offset learned 20x more slowly (half-life ``entry_halflife_s``) from what the
+  worker factor does not explain: a profile that is wrong for one entry only. The split between the two is not
+  identifiable from one worker's samples (a worker that only ever runs one entry could be slow, or that entry could
+  be mis-profiled), so the offsets also shrink slowly towards 0: an offset survives only while the data keep asking
+  for it, and a common slowdown ends up in the worker factor, which also scales the entries never measured.
 - Each update moves the state by at most ``clip`` in log space and by at most half the way to the new sample, so one
   outlier cannot swing the plan; timings that are not finite, not positive, or more than ``max_ratio`` away from the
   profile are ignored and counted in :attr:`LatencyModel.rejected`.
@@ -40,9 +43,13 @@ import time
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 from .errors import InvalidProfileError, InvalidRequestError
 from .profile import LatencyStats, Profile, Subnet, SubnetId
+
+if TYPE_CHECKING:
+    from .policies import Policy
 
 __all__ = ["LatencyModel"]
 
@@ -63,11 +70,12 @@ class LatencyModel:
         profile: The prior: the offline profile the policy was built with. Unmeasured entries keep its shape.
         halflife_s: Half-life, in seconds of traffic, of a worker's slowdown factor (default 0.1 s): after a step
             change in speed, a busy worker's factor is within 3 % of the new value after ~0.5 s.
-        entry_weight: Weight of one sample in a (subnet, batch size) entry's own offset (default 0.05, i.e. an
-            average over about the last 20 batches of that entry).
+        entry_halflife_s: Half-life, in seconds of the measuring worker's traffic, of an entry's own offset
+            (default 2 s). It must be well above ``halflife_s``: the offset picks up about
+            ``halflife_s / entry_halflife_s`` of every step change while the worker factor catches up.
         refresh_s: Minimum time between two re-plans (default 0.05 s); a re-plan also waits until the estimates
-            have moved by more than ``tolerance``. The interval also grows to 50x the time the last re-plan took, so
-            a large profile never spends more than ~2 % of the time rebuilding tables.
+            have moved by more than ``tolerance``. :meth:`replan` also stretches the interval to 50x the time the last
+            re-plan took, so a large profile never spends more than ~2 % of the time rebuilding tables.
         tolerance: Relative change of an estimate that triggers a re-plan (default 0.02, i.e. 2 %).
         max_ratio: Timings more than this factor above or below the profile are ignored as absurd (default 20).
         clip: Largest change, in log space, that one sample may cause (default ``log(2)``).
@@ -77,11 +85,11 @@ class LatencyModel:
         >>> from scheduling import LatencyModel, SlackFit, datasets
         >>> profile = datasets.superserve_a40_profile()
         >>> policy, model = SlackFit(profile), LatencyModel(profile)
-        >>> for i in range(50):                          # worker 0 now runs everything 1.5x slower than profiled
+        >>> for i in range(100):                         # worker 0 now runs everything 1.5x slower than profiled
         ...     t = 0.01 * i
         ...     if model.record(0, 5, 8, 1.5 * profile.latency(5, 8), now=t):
-        ...         policy.update_profile(model.refresh(t))
-        >>> round(model.estimate(5, 32, worker=0) / profile.latency(5, 32), 2)   # an entry never measured
+        ...         model.replan(policy, t)                # policy.update_profile(model.refresh(t))
+        >>> round(model.estimate(5, 32, worker=0) / profile.latency(5, 32), 1)   # an entry never measured
         1.5
         >>> model.record(0, 5, 8, float("nan"), now=t), model.rejected
         (False, 1)
@@ -92,7 +100,7 @@ class LatencyModel:
         profile: Profile,
         *,
         halflife_s: float = 0.1,
-        entry_weight: float = 0.05,
+        entry_halflife_s: float = 2.0,
         refresh_s: float = 0.05,
         tolerance: float = 0.02,
         max_ratio: float = 20.0,
@@ -102,7 +110,7 @@ class LatencyModel:
             raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
         self.prior = profile
         self.halflife_s = _positive("halflife_s", halflife_s)
-        self.entry_weight = _positive("entry_weight", entry_weight, upper=1.0 + 1e-12)
+        self.entry_halflife_s = _positive("entry_halflife_s", entry_halflife_s)
         refresh = refresh_s
         if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or not 0 <= refresh < math.inf:
             raise InvalidRequestError(f"refresh_s must be a finite number >= 0, got {refresh_s!r}")
@@ -113,6 +121,7 @@ class LatencyModel:
             raise InvalidRequestError(f"max_ratio must be > 1, got {max_ratio!r}")
         self.clip = _positive("clip", clip)
         self._tau = self.halflife_s / math.log(2.0)
+        self._entry_rate = self.halflife_s / self.entry_halflife_s  # entry step = worker step * this
         # Per subnet: sorted profiled batch sizes and their mean latencies, for interpolating partial batches.
         self._sizes = {s.id: list(s.latency) for s in profile.subnets}
         self._means = {s.id: [st.mean_s for st in s.latency.values()] for s in profile.subnets}
@@ -170,8 +179,8 @@ class LatencyModel:
 
         Returns:
             ``True`` when the estimates have moved by more than ``tolerance`` and the re-plan interval has passed: the
-            caller should then run ``policy.update_profile(model.refresh(now))``. A rejected sample returns ``False``
-            and leaves every estimate unchanged.
+            caller should then run :meth:`replan`. A rejected sample returns ``False`` and leaves every estimate
+            unchanged.
         """
         if subnet_id not in self._sizes:
             return self._reject("unknown_subnet")
@@ -207,9 +216,11 @@ class LatencyModel:
         state[0] += clip if step > clip else -clip if step < -clip else step
         self._scale.pop(worker, None)
 
-        # Entry offset: what the worker factor does not explain, learned slowly.
+        # Entry offset: what the worker factor does not explain, learned slowly and shrunk slowly towards 0 (see the
+        # module docstring); at rest it keeps 95 % of a persistent deviation.
         if profiled:
-            step = self.entry_weight * (r - state[0] - d)
+            beta = alpha * self._entry_rate
+            step = beta * (r - state[0] - d) - 0.05 * beta * d
             d += clip if step > clip else -clip if step < -clip else step
             self._entry[key] = d
             if abs(d - self._published_entry.get(key, 0.0)) > self.tolerance:
@@ -265,7 +276,6 @@ class LatencyModel:
         Every entry's mean, p99 and std are the prior's times the entry's factor (its offset and the fastest
         worker's factor), then raised where needed so that P1 and P2 hold wherever the prior satisfies them.
         """
-        t0 = time.perf_counter()
         base = min((s[0] for s in self._worker.values()), default=0.0)
         est: dict[SubnetId, dict[int, float]] = {}
         for s in self.prior.subnets:
@@ -276,8 +286,9 @@ class LatencyModel:
         for s in self.prior.subnets:
             lat = {}
             for b, st in s.latency.items():
-                f = est[s.id][b] / st.mean_s
-                lat[b] = LatencyStats(st.mean_s * f, st.p99_s * f, None if st.std_s is None else st.std_s * f)  # type: ignore[operator]
+                mean = est[s.id][b]
+                f = mean / st.mean_s
+                lat[b] = LatencyStats(mean, st.p99_s * f, None if st.std_s is None else st.std_s * f)  # type: ignore[operator]
             subnets.append(Subnet(s.id, s.accuracy, lat, s.config))
         profile = Profile(tuple(subnets), name=self.prior.name, metadata=self.prior.metadata)
         self._published_entry = dict(self._entry)
@@ -285,35 +296,40 @@ class LatencyModel:
         self._scale.clear()
         self._dirty = False
         self.refreshes += 1
-        # Re-plans cost table rebuilds: never more often than refresh_s, nor more than ~2 % of the time.
-        self._next_refresh = now + max(self.refresh_s, 50.0 * (time.perf_counter() - t0))
+        self._next_refresh = now + self.refresh_s
         return profile
 
+    def replan(self, policy: Policy, now: float) -> None:
+        """``policy.update_profile(self.refresh(now))``, rate-limited by its own cost.
+
+        Re-plans rebuild the policy's tables (about 0.3 ms for SlackFit on the A40 profile, tens of ms for thousands
+        of entries): the next one is allowed no earlier than ``refresh_s`` and no earlier than 50x this one's cost, so
+        re-planning never takes more than ~2 % of the time.
+        """
+        t0 = time.perf_counter()
+        policy.update_profile(self.refresh(now))
+        self._next_refresh = now + max(self.refresh_s, 50.0 * (time.perf_counter() - t0))
+
     def _make_monotone(self, est: dict[SubnetId, dict[int, float]]) -> None:
-        """Raise estimates (in place) until P1 and P2 hold wherever the prior has them; a few passes converge."""
-        prior = {s.id: s.latency for s in self.prior.subnets}
-        for _ in range(2 * len(self.prior.batch_sizes) + 2):
-            changed = False
-            # P1: a larger batch is no faster than a smaller one, unless the prior already says so, and then by no
-            # more than the prior's own ratio.
-            for sid, row in est.items():
-                sizes = self._sizes[sid]
-                for j in range(1, len(sizes)):
-                    bj = sizes[j]
-                    pj = prior[sid][bj].mean_s
-                    floor = max(row[bi] * min(1.0, pj / prior[sid][bi].mean_s) for bi in sizes[:j])
-                    if row[bj] < floor:
-                        row[bj] = floor
-                        changed = True
-            # P2: at each batch size, a subnet the prior says is slower is not estimated faster.
-            for b, order in self._p2_order.items():
-                top = 0.0
-                for s in order:
-                    v = est[s.id][b]
-                    if v < top:
-                        est[s.id][b] = top
-                        changed = True
-                    else:
-                        top = v
-            if not changed:
-                return
+        """Raise estimates (in place) to the least values that keep P1 and P2 wherever the prior has them.
+
+        The constraints form a DAG (P1 edges go to larger batch sizes; P2 edges stay at one batch size, along the
+        prior's latency order), so one pass in order of batch size, then of that order, reaches the fixpoint.
+        """
+        for b, order in self._p2_order.items():
+            top = 0.0
+            for s in order:
+                row, lat = est[s.id], s.latency
+                v, pb = row[b], lat[b].mean_s
+                # P1: no faster than a smaller batch, unless the prior already says so, and then by no more than the
+                # prior's own ratio.
+                for bi in self._sizes[s.id]:
+                    if bi >= b:
+                        break
+                    floor = row[bi] * min(1.0, pb / lat[bi].mean_s)
+                    if floor > v:
+                        v = floor
+                # P2: a subnet the prior says is slower at this batch size is not estimated faster.
+                if top > v:
+                    v = top
+                row[b] = top = v

@@ -286,7 +286,7 @@ def simulate(
             rec.record_served(t, entries, acc)
             # A simulated partial batch runs as its profiled (padded) size, so that is the size it measures.
             if model is not None and model.record(w, sid, size, dur, t):
-                policy.update_profile(model.refresh(t))
+                model.replan(policy, t)
             heappush(idle, w)
             wake = dispatch(t)
         elif t_f <= t_a and t_f <= wake:
