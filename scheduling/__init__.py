@@ -9,12 +9,15 @@ Main pieces:
 - Policies: :class:`SlackFit`, :class:`MaxAcc`, :class:`MaxBatch`, :class:`Fixed` (Clipper+), :class:`MinCost`
   (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
 - :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
+- :func:`dispatch_step`: the one drop/decide/pop step every scheduler here runs (live, simulated, Ray router).
+- :func:`plan_batch`: the same step for a batch a serving framework already formed (Ray ``@serve.batch``, Triton).
 - :class:`Scheduler`: the live, thread-based scheduler returning ``concurrent.futures.Future`` objects.
 - :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code.
 - :mod:`scheduling.traces` and :mod:`scheduling.datasets`: seeded traces and the shipped data.
 """
 
 from . import datasets, traces
+from .dispatch import Step, dispatch_step
 from .edf import EDFQueue
 from .errors import (
     DeadlineMissedError,
@@ -65,11 +68,13 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "SlackFit",
+    "Step",
     "Subnet",
     "UnknownSubnetError",
     "WorkerFailedError",
     "WorkerResultError",
     "datasets",
+    "dispatch_step",
     "simulate",
     "synthetic_profile",
     "traces",

@@ -115,6 +115,8 @@ class ServingApp:
         )
 
     async def __call__(self, scope, receive, send) -> None:
+        # The door: the request's headers have just been parsed. Its deadline budget and its latency start here.
+        scope["subnetact.arrived"] = (time.perf_counter(), time.time())
         await self._app(scope, receive, send)
 
     def mark_unready(self) -> None:
@@ -144,7 +146,7 @@ class ServingApp:
 
     # ------------------------------------------------------------------ endpoints
     async def _predict(self, request):
-        arrived, arrived_wall = time.perf_counter(), time.time()
+        arrived, arrived_wall = request.scope["subnetact.arrived"]
         try:
             answer = await self._serve(request, arrived_wall)
         except _Answer as a:
