@@ -17,6 +17,7 @@ Main pieces:
 """
 
 from . import datasets, traces
+from .batcher import BatchPlan, plan_batch
 from .dispatch import Step, dispatch_step
 from .edf import EDFQueue
 from .errors import (
@@ -41,6 +42,7 @@ from .simulator import SimConfig, SimResult, simulate
 from .slackfit import SlackFit
 
 __all__ = [
+    "BatchPlan",
     "DeadlineMissedError",
     "Decision",
     "DecisionRecord",
@@ -75,6 +77,7 @@ __all__ = [
     "WorkerResultError",
     "datasets",
     "dispatch_step",
+    "plan_batch",
     "simulate",
     "synthetic_profile",
     "traces",

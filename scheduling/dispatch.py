@@ -9,6 +9,7 @@ constants.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from .edf import EDFQueue, Entry
@@ -35,9 +36,9 @@ class Step(NamedTuple):
             would have to be dropped; ``inf`` otherwise.
     """
 
-    expired: list[Entry]
+    expired: Sequence[Entry]
     decision: Decision | None
-    batch: list[Entry]
+    batch: Sequence[Entry]
     queue_len: int
     wake_at: float
 
@@ -60,7 +61,7 @@ def dispatch_step(queue: EDFQueue, policy: Policy, now: float) -> Step:
         >>> [e[3] for e in step.batch], step.decision.subnet_id
         (['a'], ...)
     """
-    expired: list[Entry] = []
+    expired: list[Entry] = _NONE  # type: ignore[assignment]  # shared and never mutated: a list only once one drops
     if queue.drop_late:
         min_latency = policy.min_latency
         # The threshold depends on the queue length, which the drops change: repeat until nothing more is dropped.
@@ -68,12 +69,19 @@ def dispatch_step(queue: EDFQueue, policy: Policy, now: float) -> Step:
             dropped = queue.expire(now, min_latency(len(queue)))
             if not dropped:
                 break
-            expired += dropped
+            expired = expired + dropped if expired else dropped
     if not queue:
-        return Step(expired, None, [], 0, math.inf)
+        return _step(Step, (expired, None, _NONE, 0, _INF))
     qlen = len(queue)
     head = queue.peek_deadline()
     d = policy.decide(head - now, qlen, now)
     if d is None:
-        return Step(expired, None, [], qlen, max(head - policy.min_latency(qlen), now + WAKE_FLOOR_S))
-    return Step(expired, d, queue.pop_batch(d.batch_size), qlen, math.inf)
+        return _step(Step, (expired, None, _NONE, qlen, max(head - policy.min_latency(qlen), now + WAKE_FLOOR_S)))
+    return _step(Step, (expired, d, queue.pop_batch(d.batch_size), qlen, _INF))
+
+
+# This runs once per batch in the simulator's inner loop: build the result through tuple.__new__ (what
+# NamedTuple._make does, minus the Python-level __new__) and share one empty tuple for "nothing".
+_step = tuple.__new__
+_NONE: tuple = ()
+_INF = math.inf
