@@ -27,7 +27,10 @@ def _ints(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="subnetact", description="Serve weight-shared supernets (SuperServe).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -45,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--slo-factor", type=float, default=None, help="instead of --slo-ms: x the top's b16 latency")
     demo.add_argument("--latency-stat", choices=("p99", "mean"), default="p99", help="latency policies plan with")
     demo.add_argument(
-        "--policies", default=None, help="comma-separated: slackfit,mincost,maxacc,fixed,fixed:<id> (default all)"
+        "--policies",
+        default=None,
+        help="comma-separated: slackfit,mincost,maxacc,fixed,fixed:<id> (default: slackfit,mincost,fixed)",
     )
     demo.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32], help="profiled batch sizes")
     demo.add_argument("--workers", type=int, default=1, help="inference worker threads (default 1)")
