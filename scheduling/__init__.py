@@ -9,6 +9,8 @@ Main pieces:
 - Policies: :class:`SlackFit`, :class:`MaxAcc`, :class:`MaxBatch`, :class:`Fixed` (Clipper+), :class:`MinCost`
   (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
 - :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
+- :func:`dispatch_step`: the one drop/decide/pop step every scheduler here runs (live, simulated, Ray router).
+- :func:`plan_batch`: the same step for a batch a serving framework already formed (Ray ``@serve.batch``, Triton).
 - :class:`Scheduler`: the live, thread-based scheduler returning ``concurrent.futures.Future`` objects.
 - :class:`LatencyModel`: online latency estimates fed by measured service times (adaptive planning).
 - :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code; it can inject
@@ -17,6 +19,8 @@ Main pieces:
 """
 
 from . import datasets, traces
+from .batcher import BatchPlan, plan_batch
+from .dispatch import Step, dispatch_step
 from .edf import EDFQueue
 from .errors import (
     DeadlineMissedError,
@@ -41,6 +45,7 @@ from .simulator import Interference, SimConfig, SimResult, simulate
 from .slackfit import SlackFit
 
 __all__ = [
+    "BatchPlan",
     "DeadlineMissedError",
     "Decision",
     "DecisionRecord",
@@ -70,11 +75,14 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "SlackFit",
+    "Step",
     "Subnet",
     "UnknownSubnetError",
     "WorkerFailedError",
     "WorkerResultError",
     "datasets",
+    "dispatch_step",
+    "plan_batch",
     "simulate",
     "synthetic_profile",
     "traces",

@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from .dispatch import dispatch_step
 from .edf import EDFQueue, Entry
 from .errors import (
     DeadlineMissedError,
@@ -240,7 +241,6 @@ class Scheduler:
     # ------------------------------------------------------------------ the worker loop
     def _run(self, w: _Worker) -> None:
         cond, q, policy, clock, metrics = self._cond, self._queue, self.policy, self._clock, self._metrics
-        decide, min_latency, drop_late = policy.decide, policy.min_latency, q.drop_late
         model = self.latency_model
         while True:
             expired: list[Entry] = []
@@ -253,27 +253,19 @@ class Scheduler:
                     timeout = None
                     if q:
                         now = clock()
-                        if drop_late:
-                            while q:
-                                dropped = q.expire(now, min_latency(len(q)))
-                                if not dropped:
-                                    break
-                                expired += dropped
-                        if q:
-                            qlen = len(q)
-                            slack = q.peek_deadline() - now
-                            # A worker the latency model finds slower plans with proportionally less slack.
-                            d = decide(slack if model is None else slack * model.slack_scale(w.wid), qlen, now)
-                            if d is not None:
-                                batch = q.pop_batch(d.batch_size)
-                                metrics.record_decision(now, w.wid, d.subnet_id, len(batch), qlen, d.latency_s)
-                                break
-                            # The policy waits: look again when the head would have to be dropped.
-                            timeout = max(q.peek_deadline() - min_latency(qlen) - now, 1e-4)
+                        # A worker the latency model finds slower plans with proportionally less slack.
+                        step = dispatch_step(q, policy, now, 1.0 if model is None else model.slack_scale(w.wid))
+                        expired += step.expired
+                        d = step.decision
+                        if d is not None:
+                            batch = step.batch
+                            metrics.record_decision(now, w.wid, d.subnet_id, len(batch), step.queue_len, d.latency_s)
+                            break
                         if expired:
                             break
                         if not q:
                             continue
+                        timeout = step.wake_at - now  # the policy waits: look again when the head must be dropped
                     self._idle += 1
                     cond.wait(timeout)
                     self._idle -= 1

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .dispatch import dispatch_step
 from .edf import EDFQueue
 from .errors import InvalidRequestError
 from .latency_model import LatencyModel
@@ -228,32 +229,22 @@ def simulate(
     i = 0
     push = q.push
     heappush, heappop = heapq.heappush, heapq.heappop
-    decide, min_latency = policy.decide, policy.min_latency
     observe = policy.observe_arrivals if policy.needs_arrivals else None
-    drop_late = config.drop_late
     t = 0.0
 
     def dispatch(t: float) -> float:
         """Start batches while a worker is free and the queue is not empty; return a wake-up time or inf."""
         nonlocal seq
         while idle and q:
-            if drop_late:
-                while True:
-                    dropped = q.expire(t, min_latency(len(q)))
-                    if not dropped:
-                        break
-                    rec.record_drop(t, len(dropped))
-                    if not q:
-                        return _INF
-            qlen = len(q)
             w = idle[0]
-            slack = q.peek_deadline() - t
-            d = decide(slack if scale is None else slack * scale(w), qlen, t)
+            expired, d, entries, qlen, wake_at = dispatch_step(q, policy, t, 1.0 if scale is None else scale(w))
+            if expired:
+                rec.record_drop(t, len(expired))
             if d is None:
-                # The policy waits: look again when the head would have to be dropped (or on the next arrival).
-                return max(q.peek_deadline() - min_latency(qlen), t + 1e-6)
+                # Queue emptied by the drop rule (wake_at is inf), or the policy waits: look again at wake_at (when
+                # the head would have to be dropped) or on the next arrival.
+                return wake_at
             heappop(idle)
-            entries = q.pop_batch(d.batch_size)
             mean, mu, sigma = exec_time[(d.subnet_id, d.profile_batch)]
             dur = lognorm(mu, sigma) if noisy and sigma > 0.0 else mean
             for win in windows:
