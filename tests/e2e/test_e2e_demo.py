@@ -77,7 +77,10 @@ def test_profile_command_writes_a_profile(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["demo", "--policies", "fastest"], "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, mincost, maxacc, fixed"),
+        (
+            ["demo", "--policies", "fastest"],
+            "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, mincost, maxacc, fixed",
+        ),
         (["demo", "--duration", "0"], "duration_s=0.0 must be a finite number > 0"),
         (["demo", "--workers", "0"], "workers=0 must be an int >= 1"),
         (["profile", "model.safetensors"], "needs --factory module:callable"),
