@@ -54,7 +54,16 @@ from .app import ServingApp
 from .backend import make_policy, wall_to_monotonic
 from .runner import ModelSpec
 
-__all__ = ["WORKER_NAMESPACE", "Ingress", "RayBackend", "Router", "Worker", "build_app", "serve_batch_app"]
+__all__ = [
+    "WORKER_NAMESPACE",
+    "Ingress",
+    "RayBackend",
+    "Router",
+    "Worker",
+    "app_builder",
+    "build_app",
+    "serve_batch_app",
+]
 
 WORKER_NAMESPACE = "subnetact"
 """The Ray namespace of the worker actors."""
@@ -403,3 +412,29 @@ def serve_batch_app(
             return self.front_end
 
     return BatchIngress.bind(BatchedModel.bind())
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Application builder for a Serve config file (``import_path: subnetact.serving.ray_serve:app_builder``).
+
+    ``args``: ``checkpoint``, ``factory``, ``profile`` (JSON path), ``input_shape`` (list) and optionally
+    ``postprocess``, ``device``, ``threads``, ``num_workers`` (default 2), ``policy``, ``max_queue``,
+    ``worker_options`` and ``app_options`` (keyword arguments of :class:`ServingApp`); or ``digits: true`` for the
+    shipped digits supernet (its profile measured on the router's node unless ``profile`` is given).
+    """
+    args = dict(args)
+    if args.pop("digits", False):
+        from .digits import digits_spec
+
+        spec = digits_spec(args.pop("profile", None), threads=args.pop("threads", None))
+    else:
+        spec = ModelSpec(
+            checkpoint=args.pop("checkpoint"),
+            factory=args.pop("factory"),
+            profile=args.pop("profile"),
+            input_shape=tuple(args.pop("input_shape")),
+            postprocess=args.pop("postprocess", "argmax"),
+            device=args.pop("device", "cpu"),
+            threads=args.pop("threads", None),
+        )
+    return build_app(spec, **args)

@@ -24,7 +24,7 @@ pytest.importorskip("starlette")
 from subnetact import digits  # noqa: E402
 from subnetact.serving.digits import digits_spec, measure_digits_profile  # noqa: E402
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.ray
 
 
 def _free_port() -> int:
