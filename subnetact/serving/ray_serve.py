@@ -137,10 +137,12 @@ class Router:
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self.counts = {"submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0}
-        self._start_workers(num_workers)
+        for w in self._start_workers(num_workers):
+            self.workers[w.wid] = w
 
     # ------------------------------------------------------------------ workers
     def _start_workers(self, n: int) -> list[_WorkerSlot]:
+        """Start ``n`` worker actors and wait until each has loaded the model."""
         cls = ray.remote(max_concurrency=1, max_restarts=0, max_task_retries=0, **self.worker_options)(Worker)
         slots = []
         for _ in range(n):
@@ -148,8 +150,6 @@ class Router:
             name = f"{self.name_prefix}-{wid}"
             slots.append(_WorkerSlot(wid, name, cls.options(name=name, namespace=WORKER_NAMESPACE).remote(self.spec)))
         ray.get([s.actor.ready.remote() for s in slots], timeout=300)  # the model is loaded: serve from here on
-        for s in slots:
-            self.workers[s.wid] = s
         return slots
 
     async def scale(self, num_workers: int) -> list[str]:
@@ -159,7 +159,10 @@ class Router:
             raise ValueError(f"num_workers={num_workers!r} must be an int >= 0")
         live = [w for w in self.workers.values() if not w.retiring]
         if num_workers > len(live):
-            await asyncio.get_running_loop().run_in_executor(None, self._start_workers, num_workers - len(live))
+            # Loading takes seconds: wait in a thread, then add the workers from the event loop (which owns the dict).
+            new = await asyncio.get_running_loop().run_in_executor(None, self._start_workers, num_workers - len(live))
+            for w in new:
+                self.workers[w.wid] = w
         for w in sorted(live, key=lambda w: (w.busy, -w.wid))[: max(0, len(live) - num_workers)]:
             w.retiring = True
             if not w.busy:
