@@ -68,6 +68,14 @@ def plan_batch(policy: Policy, deadlines: Sequence[float], now: float, *, drop_l
 
     Raises:
         InvalidRequestError: a deadline is not a finite number; nothing is planned.
+
+    Example::
+
+        >>> from scheduling import Fixed, datasets, plan_batch
+        >>> profile = datasets.superserve_a40_profile()
+        >>> plan = plan_batch(Fixed(profile, profile.ids[0]), [0.030, 0.050, 0.001], now=0.0)
+        >>> plan.run, plan.drop, plan.defer
+        ([0, 1], [2], [])
     """
     if not isinstance(policy, Policy):
         raise InvalidRequestError(f"policy must be a scheduling Policy, got {type(policy).__name__}")

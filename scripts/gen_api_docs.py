@@ -19,6 +19,7 @@ MODULES = [
     ("subnetact.search", "Pareto search: FLOPs model, accuracy predictor, evolution."),
     ("subnetact.train", "Supernet training: sandwich rule with in-place distillation."),
     ("subnetact.digits", "The embedded digits supernet used by `subnetact demo`."),
+    ("subnetact.serving", "Serving over HTTP: the ASGI front end, its backend, the model runner (extra `serve`)."),
     ("scheduling", "The scheduler: profiles, policies, live scheduler, simulator, traces, metrics."),
 ]
 

@@ -23,7 +23,7 @@ Endpoints:
 - ``GET /healthz``: 200 while the process serves HTTP (liveness).
 - ``GET /readyz``: 200 when a request would be served now; 503 while draining or without a live worker (readiness).
 - ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
-- ``GET /stats``: JSON: exact server-side latency percentiles of the last on-time answers, queue length.
+- ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ from .metrics import ServingMetrics
 __all__ = ["ServingApp"]
 
 _CLOSE = {"connection": "close"}
+ARRIVED = "subnetact.arrived"
+"""ASGI scope key: ``(time.perf_counter(), time.time())`` when the request's headers arrived."""
 
 
 class _Answer(Exception):
@@ -115,8 +117,10 @@ class ServingApp:
         )
 
     async def __call__(self, scope, receive, send) -> None:
-        # The door: the request's headers have just been parsed. Its deadline budget and its latency start here.
-        scope["subnetact.arrived"] = (time.perf_counter(), time.time())
+        # The door: the request's deadline budget and its latency start here, or earlier where the server stamped
+        # the scope when the headers were parsed (subnetact.serving.serve does).
+        if ARRIVED not in scope:
+            scope[ARRIVED] = (time.perf_counter(), time.time())
         await self._app(scope, receive, send)
 
     def mark_unready(self) -> None:
@@ -146,7 +150,7 @@ class ServingApp:
 
     # ------------------------------------------------------------------ endpoints
     async def _predict(self, request):
-        arrived, arrived_wall = request.scope["subnetact.arrived"]
+        arrived, arrived_wall = request.scope[ARRIVED]
         try:
             answer = await self._serve(request, arrived_wall)
         except _Answer as a:
@@ -249,7 +253,7 @@ class ServingApp:
     async def _stats(self, request):
         return self._json(
             200,
-            {"latency_ok": self.metrics.window.percentiles(50, 90, 99), "queue_len": self.backend.queue_len()},
+            {"latency": self.metrics.window.percentiles(50, 90, 99), "queue_len": self.backend.queue_len()},
         )
 
     @contextlib.asynccontextmanager

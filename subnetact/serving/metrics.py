@@ -9,8 +9,8 @@ Exposed at ``GET /metrics`` in Prometheus' text format:
 - ``subnetact_batch_size``: size of each batch the policy chose (histogram; one observation per batch).
 - ``subnetact_queue_length``: requests waiting in the scheduler's queue (gauge, read at scrape time).
 
-:class:`LatencyWindow` keeps the last latencies for exact server-side percentiles (``GET /stats``), which the
-histogram's buckets cannot give.
+:class:`LatencyWindow` keeps the latencies of the last 100,000 ``POST /predict`` answers, whatever their status, for
+exact server-side percentiles (``GET /stats``) that the histogram's buckets cannot give.
 """
 
 from __future__ import annotations
@@ -79,13 +79,12 @@ class ServingMetrics:
         self.window = LatencyWindow()
 
     def observe(self, outcome: str, seconds: float, subnet: object = None) -> None:
-        """Count one answered request."""
+        """Count one answered ``POST /predict``."""
         self.requests.labels(outcome).inc()
         self.latency.labels(outcome).observe(seconds)
         if subnet is not None:
             self.served.labels(str(subnet)).inc()
-        if outcome == "ok":
-            self.window.add(seconds)
+        self.window.add(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """``(body, content type)`` of the Prometheus text exposition."""

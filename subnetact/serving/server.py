@@ -19,7 +19,7 @@ import signal
 import time
 from typing import Any
 
-from .app import ServingApp
+from .app import ARRIVED, ServingApp
 
 __all__ = ["make_server", "serve", "timed_protocol"]
 
@@ -45,6 +45,15 @@ def timed_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
             if self._header_timer is not None:
                 self._header_timer.cancel()
             super().connection_lost(exc)
+
+        if hasattr(AutoHTTPProtocol, "on_headers_complete"):  # httptools: parser callback, before the task starts
+
+            def on_headers_complete(self) -> None:
+                super().on_headers_complete()
+                # The door: stamp the request when its headers are parsed, not when its ASGI task first runs, so
+                # the deadline budget and the server's latency include the time the task waits for the event loop.
+                if self.scope is not None:
+                    self.scope[ARRIVED] = (time.perf_counter(), time.time())
 
         def _arm_header_timer(self) -> None:
             if self._header_timer is not None:

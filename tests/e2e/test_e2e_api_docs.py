@@ -11,7 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module_name", ["subnetact", "subnetact.search", "subnetact.train", "scheduling"])
+@pytest.mark.parametrize(
+    "module_name", ["subnetact", "subnetact.search", "subnetact.train", "subnetact.serving", "scheduling"]
+)
 def test_every_public_name_is_in_the_api_reference(module_name):
     text = (ROOT / "docs" / "api.md").read_text()
     module = importlib.import_module(module_name)
