@@ -145,12 +145,28 @@ def check(name: str, build) -> dict:
     return row
 
 
+# The largest models run last, so an interrupted sweep still has a table for the rest (written after every model).
+HEAVY = (
+    "convnext_large",
+    "efficientnet_b6",
+    "efficientnet_b7",
+    "efficientnet_v2_l",
+    "regnet_y_16gf",
+    "regnet_y_32gf",
+    "regnet_y_128gf",
+    "vit_l_16",
+    "vit_l_32",
+    "vit_h_14",
+)
+
+
 def torchvision_models(names: list[str] | None) -> list[tuple[str, object]]:
     import torchvision
 
     all_names = torchvision.models.list_models(module=torchvision.models)
+    order = sorted(all_names, key=lambda n: (n in HEAVY, HEAVY.index(n) if n in HEAVY else 0, n))
     out = []
-    for n in names or all_names:
+    for n in names or order:
         if n not in all_names:
             continue
         kwargs = {"num_classes": 10}
@@ -225,8 +241,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     todo = [] if args.no_torchvision else torchvision_models(args.models)
-    if args.timm:
-        todo += timm_models(args.models)
+    if args.timm:  # before the heaviest torchvision models
+        heavy = [item for item in todo if item[0] in HEAVY]
+        todo = [item for item in todo if item[0] not in HEAVY] + timm_models(args.models) + heavy
     rows = []
     for name, build in todo:
         try:
@@ -237,7 +254,7 @@ def main() -> None:
         shown = {k: (f"{v:.2e}" if isinstance(v, float) else v) for k, v in row.items() if k != "message"}
         print(shown, row.get("message", "")[:200], flush=True)
         gc.collect()
-    write_table(rows, args.out, "python " + " ".join(sys.argv))
+        write_table(rows, args.out, "python " + " ".join(sys.argv))
 
 
 if __name__ == "__main__":
