@@ -15,6 +15,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from .errors import ConfigError
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -136,7 +138,7 @@ def _profile(args: argparse.Namespace) -> int:
         accuracies = [r["accuracy"] for r in record["pareto"]]
     else:
         if not args.factory or not args.input_shape:
-            raise ValueError(
+            raise ConfigError(
                 f"checkpoint={args.checkpoint!r} needs --factory module:callable (the unconverted model) and "
                 "--input-shape (one sample's shape, e.g. 3,224,224)"
             )
@@ -171,13 +173,13 @@ def _profile(args: argparse.Namespace) -> int:
 def _factory(spec: str):
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"--factory {spec!r} must be module:callable, e.g. torchvision.models:resnet50")
+        raise ConfigError(f"--factory {spec!r} must be module:callable, e.g. torchvision.models:resnet50")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise ValueError(f"--factory {spec!r}: {exc}") from None
+        raise ConfigError(f"--factory {spec!r}: {exc}") from None
     if not callable(fn):
-        raise ValueError(f"--factory {spec!r} is not callable")
+        raise ConfigError(f"--factory {spec!r} is not callable")
     return fn
 
 

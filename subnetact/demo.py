@@ -42,6 +42,7 @@ import torch
 
 from . import digits
 from .config import SubnetConfig
+from .errors import ConfigError
 from .profiler import profile
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -126,17 +127,17 @@ def run_demo(
     start = time.perf_counter()
     for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
         if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ValueError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
+            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
     for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
         if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
-            raise ValueError(f"{name}={value!r} must be a finite number > 0")
+            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
     if latency_stat not in ("mean", "p99"):
-        raise ValueError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
+        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
     for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} must be an int >= 1")
+            raise ConfigError(f"{name}={value!r} must be an int >= 1")
     if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
-        raise ValueError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
+        raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
@@ -177,7 +178,7 @@ def run_demo(
     if slo_factor is not None:
         slo_ms = slo_factor * 1e3 * prof.latency(largest, ref_b)
     if rate is None or slo_ms is None:
-        raise ValueError("give rate= or load=, and slo_ms= or slo_factor=")
+        raise ConfigError("give rate= or load=, and slo_ms= or slo_factor=")
     slo_s = slo_ms / 1e3
 
     # -- the trace -------------------------------------------------------------------------------------------------
@@ -309,9 +310,9 @@ def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> li
                 "fixed",
                 *(f"fixed:{i}" for i in range(n)),
             ]
-            raise ValueError(f"policies contains {p!r}; allowed: {', '.join(allowed)}")
+            raise ConfigError(f"policies contains {p!r}; allowed: {', '.join(allowed)}")
     if not names:
-        raise ValueError("policies is empty; give at least one of slackfit, mincost, maxacc, fixed, fixed:<id>")
+        raise ConfigError("policies is empty; give at least one of slackfit, mincost, maxacc, fixed, fixed:<id>")
     return list(dict.fromkeys(names))
 
 

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from .convert import ConvertConfig
+from .errors import ConfigError
 from .rules import BlockSpec, ChannelSpec, register_block_rule
 
 DATA_PACKAGE = "subnetact.data"
@@ -127,7 +128,7 @@ def to_input(images: np.ndarray | torch.Tensor) -> torch.Tensor:
     if x.dim() == 2 and x.shape[1] == 64:
         x = x.view(-1, 8, 8)
     if x.dim() != 3 or tuple(x.shape[1:]) != (8, 8):
-        raise ValueError(f"images must have shape (N, 8, 8) or (N, 64), got {tuple(x.shape)}")
+        raise ConfigError(f"images must have shape (N, 8, 8) or (N, 64), got {tuple(x.shape)}")
     return (x / 16.0).unsqueeze(1)
 
 

@@ -22,6 +22,10 @@ class ConfigError(SubnetActError, ValueError):
     allowed; the message names the argument, the value and what is allowed."""
 
 
+class ArgumentTypeError(SubnetActError, TypeError):
+    """An argument has a type that is not allowed; the message names the argument, its type and what is allowed."""
+
+
 class NotConvertedError(SubnetActError, TypeError):
     """A function that needs a converted supernet got a plain model (see ``subnetact.convert``)."""
 

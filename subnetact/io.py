@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import CheckpointError
+from .errors import ArgumentTypeError, CheckpointError
 from .space import Space
 from .supernet import SupernetMixin, state_of
 
@@ -107,7 +107,7 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
 
     model = model_or_factory if isinstance(model_or_factory, nn.Module) else model_or_factory()
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model_or_factory returned {type(model).__name__}, not an nn.Module")
+        raise ArgumentTypeError(f"model_or_factory returned {type(model).__name__}, not an nn.Module")
     converted_here = not isinstance(model, SupernetMixin)
     if converted_here:
         # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from .config import SubnetConfig
+from .errors import ConfigError
 from .operator import Operator
 
 PREFIX = "prefix"
@@ -25,12 +26,12 @@ def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
     drops the residual block of its input stem, issue 4). Whether 0 is allowed is the space's choice.
     """
     if not 0 <= depth <= num_layers:
-        raise ValueError(f"depth={depth!r} must be between 0 and num_layers={num_layers}")
+        raise ConfigError(f"depth={depth!r} must be between 0 and num_layers={num_layers}")
     if rule == PREFIX:
         return list(range(depth))
     if rule == EVERY_OTHER:
         return [i * num_layers // depth for i in range(depth)]
-    raise ValueError(f"rule={rule!r} is not one of {RULES}")
+    raise ConfigError(f"rule={rule!r} is not one of {RULES}")
 
 
 class _StageSelect(Operator):
@@ -43,7 +44,7 @@ class _StageSelect(Operator):
 
     def _init_select(self, rule: str) -> None:
         if rule not in RULES:
-            raise ValueError(f"rule={rule!r} is not one of {RULES}")
+            raise ConfigError(f"rule={rule!r} is not one of {RULES}")
         self.rule = rule
         # (depth entry, first position, end position) per elastic run of blocks, set by convert. One segment
         # covering every block is a whole stage; several segments are runs inside one flat Sequential (MobileNetV2's

@@ -31,6 +31,7 @@ from torch import nn
 
 from ._progress import Progress
 from .config import SubnetConfig
+from .errors import ConfigError
 from .supernet import state_of
 
 if TYPE_CHECKING:  # scheduling is imported lazily: ``import subnetact`` stays light
@@ -114,9 +115,9 @@ def profile(
     accs = _accuracies(accuracies, ids)
     for arg, value, low in (("warmup", warmup, 0), ("repeats", repeats, 1), ("rounds", rounds, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{arg}={value!r} must be an int >= {low}")
+            raise ConfigError(f"{arg}={value!r} must be an int >= {low}")
     if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not 0.0 <= trim < 0.5:
-        raise ValueError(f"trim={trim!r} must be a number with 0 <= trim < 0.5 (the fraction cut at each end)")
+        raise ConfigError(f"trim={trim!r} must be a number with 0 <= trim < 0.5 (the fraction cut at each end)")
     rounds = min(rounds, repeats)
     device = _device(model, device)
     make_input = _input_maker(example_input, device)
@@ -193,9 +194,9 @@ def _subnets(model: nn.Module, subnets: SubnetsArg) -> tuple[list[int | str], li
     elif isinstance(subnets, Sequence) and not isinstance(subnets, (str, bytes)):
         ids, raw = list(range(len(subnets))), list(subnets)
     else:
-        raise ValueError(f"subnets={subnets!r} must be a sequence of SubnetConfigs or a mapping id -> SubnetConfig")
+        raise ConfigError(f"subnets={subnets!r} must be a sequence of SubnetConfigs or a mapping id -> SubnetConfig")
     if not raw:
-        raise ValueError("subnets is empty: give at least one SubnetConfig to profile")
+        raise ConfigError("subnets is empty: give at least one SubnetConfig to profile")
     space = model.space
     configs = [space.validate(c if isinstance(c, SubnetConfig) else SubnetConfig.from_dict(c)) for c in raw]
     return ids, configs
@@ -203,12 +204,12 @@ def _subnets(model: nn.Module, subnets: SubnetsArg) -> tuple[list[int | str], li
 
 def _batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     if isinstance(batch_sizes, (int, str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
-        raise ValueError(f"batch_sizes={batch_sizes!r} must be a non-empty sequence of ints >= 1, e.g. (1, 4, 16)")
+        raise ConfigError(f"batch_sizes={batch_sizes!r} must be a non-empty sequence of ints >= 1, e.g. (1, 4, 16)")
     for b in batch_sizes:
         if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-            raise ValueError(f"batch_sizes={batch_sizes!r}: every batch size must be an int >= 1, got {b!r}")
+            raise ConfigError(f"batch_sizes={batch_sizes!r}: every batch size must be an int >= 1, got {b!r}")
     if len(set(batch_sizes)) != len(batch_sizes):
-        raise ValueError(f"batch_sizes={batch_sizes!r} has duplicates")
+        raise ConfigError(f"batch_sizes={batch_sizes!r} has duplicates")
     return sorted(batch_sizes)
 
 
@@ -218,15 +219,15 @@ def _accuracies(accuracies: Any, ids: list[int | str]) -> list[float]:
     if isinstance(accuracies, Mapping):
         missing = [i for i in ids if i not in accuracies]
         if missing:
-            raise ValueError(f"accuracies has no entry for subnet id(s) {missing!r}; it has {list(accuracies)!r}")
+            raise ConfigError(f"accuracies has no entry for subnet id(s) {missing!r}; it has {list(accuracies)!r}")
         values = [accuracies[i] for i in ids]
     else:
         values = list(accuracies)
         if len(values) != len(ids):
-            raise ValueError(f"accuracies has {len(values)} values for {len(ids)} subnets; give one per subnet")
+            raise ConfigError(f"accuracies has {len(values)} values for {len(ids)} subnets; give one per subnet")
     for i, v in zip(ids, values):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"accuracies[{i!r}]={v!r} must be a finite number")
+            raise ConfigError(f"accuracies[{i!r}]={v!r} must be a finite number")
     return [float(v) for v in values]
 
 
@@ -238,9 +239,9 @@ def _device(model: nn.Module, device: torch.device | str | None) -> torch.device
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device={device!r} is not a torch device: {exc}") from None
+        raise ConfigError(f"device={device!r} is not a torch device: {exc}") from None
     if device.type != model_device.type or (device.index is not None and device.index != model_device.index):
-        raise ValueError(
+        raise ConfigError(
             f"device={str(device)!r} but the model is on {str(model_device)!r}; call model.to(device) first"
         )
     return model_device
@@ -254,11 +255,11 @@ def _input_maker(example_input: Any, device: torch.device) -> Callable[[int], tu
             return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in x), {}
         if isinstance(x, Mapping):
             return (), {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in x.items()}
-        raise ValueError(f"example_input(batch_size) returned {type(x).__name__}; expected a tensor, tuple or dict")
+        raise ConfigError(f"example_input(batch_size) returned {type(x).__name__}; expected a tensor, tuple or dict")
 
     if isinstance(example_input, torch.Tensor):
         if example_input.dim() == 0 or example_input.shape[0] < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"example_input has shape {tuple(example_input.shape)}; it needs a leading batch dimension of >= 1"
             )
 
@@ -271,7 +272,7 @@ def _input_maker(example_input: Any, device: torch.device) -> Callable[[int], tu
         return from_tensor
     if callable(example_input):
         return lambda b: place(example_input(b))
-    raise ValueError(
+    raise ConfigError(
         f"example_input={type(example_input).__name__} must be a tensor with a batch dimension or a callable "
         "batch_size -> input"
     )

@@ -36,6 +36,7 @@ from torch import nn
 from ._progress import Progress
 from .calibrate import calibrate
 from .config import SubnetConfig
+from .errors import ConfigError
 from .layer_select import LayerSelect, LayerSelectList
 from .space import Space
 from .supernet import state_of
@@ -258,7 +259,7 @@ class AccuracyPredictor:
     def fit(self, configs: Sequence[SubnetConfig], accuracies: Sequence[float]) -> AccuracyPredictor:
         """Fit on evaluated configs (at least 2); returns self."""
         if len(configs) != len(accuracies) or len(configs) < 2:
-            raise ValueError(
+            raise ConfigError(
                 f"fit needs >= 2 configs with one accuracy each, got {len(configs)} configs, {len(accuracies)} values"
             )
         x = self.encode(configs)
@@ -372,7 +373,7 @@ def evolution(
                     return fallback
         if fallback is not None:
             return fallback
-        raise ValueError(
+        raise ConfigError(
             f"no subnet with cost <= constraint={constraint!r} found in {max_tries} draws; the smallest subnet costs "
             f"{cost(space.min())!r}"
         )
@@ -460,7 +461,7 @@ def search(
     state = state_of(model)
     space = state.space
     if evaluate is None and predictor is None:
-        raise ValueError("search needs evaluate= (cfg -> accuracy) or predictor= (a fitted AccuracyPredictor)")
+        raise ConfigError("search needs evaluate= (cfg -> accuracy) or predictor= (a fitted AccuracyPredictor)")
     for arg, value, low in (
         ("num_samples", num_samples, 0),
         ("num_constraints", num_constraints, 1),
@@ -468,23 +469,23 @@ def search(
         ("generations", generations, 0),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{arg}={value!r} must be an int >= {low}")
+            raise ConfigError(f"{arg}={value!r} must be an int >= {low}")
     for arg, value in (("parent_ratio", parent_ratio), ("mutation_ratio", mutation_ratio)):
         if not 0.0 < value < 1.0:
-            raise ValueError(f"{arg}={value!r} must be in (0, 1)")
+            raise ConfigError(f"{arg}={value!r} must be in (0, 1)")
     if parent_ratio + mutation_ratio > 1.0:
-        raise ValueError(f"parent_ratio + mutation_ratio = {parent_ratio + mutation_ratio!r} must be <= 1")
+        raise ConfigError(f"parent_ratio + mutation_ratio = {parent_ratio + mutation_ratio!r} must be <= 1")
     if not 0.0 <= mutate_prob <= 1.0:
-        raise ValueError(f"mutate_prob={mutate_prob!r} must be in [0, 1]")
+        raise ConfigError(f"mutate_prob={mutate_prob!r} must be in [0, 1]")
 
     if cost == "flops":
         if example_input is None:
-            raise ValueError('cost="flops" needs example_input= (one input of batch 1, as the model takes it)')
+            raise ConfigError('cost="flops" needs example_input= (one input of batch 1, as the model takes it)')
         cost_fn: CostFn = FlopsModel(model, example_input)
     elif callable(cost):
         cost_fn = cost
     else:
-        raise ValueError(f'cost={cost!r} must be "flops" or a callable cfg -> cost')
+        raise ConfigError(f'cost={cost!r} must be "flops" or a callable cfg -> cost')
     calls = {"cost": 0, "accuracy": 0}
 
     def counted_cost(cfg: SubnetConfig) -> float:

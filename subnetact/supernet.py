@@ -13,7 +13,7 @@ from typing import Any
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import InvalidSubnetError, NotConvertedError
+from .errors import ArgumentTypeError, InvalidSubnetError, NotConvertedError
 from .space import Space
 from .state import ActuationState
 
@@ -156,7 +156,9 @@ class SupernetMixin:
         return new
 
     def __reduce_ex__(self, protocol):
-        raise TypeError("a converted model cannot be pickled; use subnetact.save(model, path) and subnetact.load")
+        raise ArgumentTypeError(
+            "a converted model cannot be pickled; use subnetact.save(model, path) and subnetact.load"
+        )
 
 
 _KEYWORD_CACHE_SIZE = 1024

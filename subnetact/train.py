@@ -29,7 +29,7 @@ from torch import nn
 
 from .calibrate import calibrate
 from .config import SubnetConfig
-from .errors import UncalibratedSubnetWarning
+from .errors import ConfigError, UncalibratedSubnetWarning
 from .supernet import state_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -67,9 +67,9 @@ def distillation_loss(
         A scalar: mean over samples of ``-sum_c p_teacher(c) log p_student(c)`` at temperature T, times ``T**2``.
     """
     if not temperature > 0:
-        raise ValueError(f"temperature={temperature!r} must be > 0")
+        raise ConfigError(f"temperature={temperature!r} must be > 0")
     if student_logits.shape != teacher_logits.shape:
-        raise ValueError(
+        raise ConfigError(
             f"student_logits {tuple(student_logits.shape)} and teacher_logits {tuple(teacher_logits.shape)} must "
             "have the same shape"
         )
@@ -129,11 +129,11 @@ def sandwich_step(
     """
     _space(model)
     if isinstance(num_random, bool) or not isinstance(num_random, int) or num_random < 0:
-        raise ValueError(f"num_random={num_random!r} must be an int >= 0")
+        raise ConfigError(f"num_random={num_random!r} must be an int >= 0")
     if not 0.0 <= distill_weight <= 1.0:
-        raise ValueError(f"distill_weight={distill_weight!r} must be in [0, 1]")
+        raise ConfigError(f"distill_weight={distill_weight!r} must be in [0, 1]")
     if not temperature > 0:
-        raise ValueError(f"temperature={temperature!r} must be > 0")
+        raise ConfigError(f"temperature={temperature!r} must be > 0")
     if not isinstance(rng, random.Random):
         rng = random.Random(rng)
 
@@ -200,9 +200,9 @@ def train_supernet(
     """
     state = state_of(model)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
-        raise ValueError(f"epochs={epochs!r} must be an int >= 1")
+        raise ConfigError(f"epochs={epochs!r} must be an int >= 1")
     if served is not None and calibration_batches is None:
-        raise ValueError("served= needs calibration_batches= (inputs to compute each subnet's statistics on)")
+        raise ConfigError("served= needs calibration_batches= (inputs to compute each subnet's statistics on)")
     if state.stats:
         state.stats.clear()  # trained weights make old statistics wrong
         state.invalidate()
@@ -217,7 +217,7 @@ def train_supernet(
             total += result.loss
             steps += 1
         if steps == 0:
-            raise ValueError("batches yielded no batch; training needs at least one (inputs, targets) pair")
+            raise ConfigError("batches yielded no batch; training needs at least one (inputs, targets) pair")
         history.append(total / steps)
         if on_epoch is not None:
             on_epoch(epoch, history[-1])

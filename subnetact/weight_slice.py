@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
+from .errors import ConfigError
 from .operator import Operator
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -65,7 +66,7 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
     @classmethod
     def from_module(cls, conv: nn.Conv2d, out_group: int | None, in_group: int | None) -> WeightSliceConv2d:
         if conv.groups > 1 and out_group != in_group:
-            raise ValueError(
+            raise ConfigError(
                 f"a grouped convolution (groups={conv.groups}) must slice input and output with the same channel "
                 f"group (it drops whole groups), got out_group={out_group!r}, in_group={in_group!r}"
             )

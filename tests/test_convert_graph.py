@@ -182,3 +182,14 @@ def test_a_custom_stage_next_to_ruled_ones_is_converted_not_skipped():
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+
+
+def test_a_traced_model_saves_and_loads(tmp_path):
+    model = subnetact.convert(build("mobilenet_v3_small"))
+    cfg = model.space.sample(random.Random(1))
+    subnetact.calibrate(model, [inputs("mobilenet_v3_small", seed=2, batch=4)], subnets=[cfg])
+    subnetact.save(model, tmp_path / "m.safetensors")
+    loaded = subnetact.load(tmp_path / "m.safetensors", build("mobilenet_v3_small", seed=5))
+    x = inputs("mobilenet_v3_small")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x, subnet=cfg), model(x, subnet=cfg), rtol=0, atol=0)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from .._registry import ClassRegistry
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ class ChannelSpec:
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.unit < 1 or self.size % self.unit:
-            raise ValueError(f"ChannelSpec size={self.size!r} must be a positive multiple of unit={self.unit!r}")
+            raise ConfigError(f"ChannelSpec size={self.size!r} must be a positive multiple of unit={self.unit!r}")
         if not self.producers:
-            raise ValueError("ChannelSpec needs at least one producer layer")
+            raise ConfigError("ChannelSpec needs at least one producer layer")
 
 
 @dataclass(frozen=True)
