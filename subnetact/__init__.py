@@ -30,6 +30,7 @@ from .errors import (
 )
 from .export import export
 from .hf import reorder
+from .importance import reorder_channels
 from .io import load, save
 from .layer_select import LayerSelect, LayerSelectList, kept_layers
 from .profiler import profile  # imports scheduling lazily, inside the function
@@ -85,6 +86,7 @@ __all__ = [
     "profile",
     "register_block_rule",
     "reorder",
+    "reorder_channels",
     "save",
     "search",
     "train",

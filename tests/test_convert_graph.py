@@ -193,3 +193,33 @@ def test_a_traced_model_saves_and_loads(tmp_path):
     x = inputs("mobilenet_v3_small")
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, subnet=cfg), model(x, subnet=cfg), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "regnet_x_400mf", "convnext"])
+def test_reorder_channels_keeps_the_full_model_and_puts_important_channels_first(name):
+    from subnetact.importance import reorder_channels
+
+    model = subnetact.convert(build(name))
+    reference = copy.deepcopy(model)
+    x = inputs(name)
+    params = dict(model.named_parameters())
+    perms = reorder_channels(model)
+    assert all(p is params[n] for n, p in model.named_parameters())
+    assert any(not torch.equal(p, torch.arange(len(p))) for p in perms)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=1e-4, atol=1e-5)
+    # Every group's consumers now read their largest-L1 input columns first.
+    for m in model.modules():
+        if isinstance(m, WeightSlice) and m.in_group is not None and getattr(m, "groups", 1) == 1:
+            cols = m.weight.abs().sum(dim=[d for d in range(m.weight.dim()) if d != 1])
+            half = len(cols) // 2
+            assert cols[:half].mean() >= cols[half:].mean() or len(model.space.entries("width")) == 0
+
+
+def test_reorder_channels_refuses_after_calibration():
+    from subnetact.importance import reorder_channels
+
+    model = subnetact.convert(build("mobilenet_v2"))
+    subnetact.calibrate(model, [inputs("mobilenet_v2", batch=4)], subnets=[model.space.max()])
+    with pytest.raises(subnetact.ConfigError, match="1 registered subnets"):
+        reorder_channels(model)
