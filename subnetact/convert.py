@@ -21,7 +21,7 @@ from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin, state_of, supernet_class
 from .trace import sliceable_kind
-from .verify import eval_mode, trace_model, verify_conversion
+from .verify import eval_mode, one_thread, trace_model, verify_conversion
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
@@ -139,15 +139,16 @@ def convert(
         plan = adapter(model, config, filter_fn)
         apply_conversion(model, plan, config)
         return model
-    plan, call, reference = analyse_model(model, config, filter_fn, example_inputs)
-    # Phase 2: rewrite, then check; undo everything on failure.
-    replaced = apply_conversion(model, plan, config)
-    if call is not None:
-        try:
-            verify_conversion(model, call, reference)
-        except BaseException:
-            rollback(model, replaced)
-            raise
+    with one_thread():
+        plan, call, reference = analyse_model(model, config, filter_fn, example_inputs)
+        # Phase 2: rewrite, then check; undo everything on failure.
+        replaced = apply_conversion(model, plan, config)
+        if call is not None:
+            try:
+                verify_conversion(model, call, reference)
+            except BaseException:
+                rollback(model, replaced)
+                raise
     return model
 
 
