@@ -223,3 +223,14 @@ def test_reorder_channels_refuses_after_calibration():
     subnetact.calibrate(model, [inputs("mobilenet_v2", batch=4)], subnets=[model.space.max()])
     with pytest.raises(subnetact.ConfigError, match="1 registered subnets"):
         reorder_channels(model)
+
+
+def test_unconvert_restores_a_traced_model():
+    model = build("mobilenet_v3_small")
+    reference = copy.deepcopy(model)
+    types = [(n, type(m)) for n, m in model.named_modules()]
+    subnetact.unconvert(subnetact.convert(model))
+    assert [(n, type(m)) for n, m in model.named_modules()] == types
+    x = inputs("mobilenet_v3_small")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
