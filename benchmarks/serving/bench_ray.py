@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -71,10 +72,13 @@ def _bursty(url: str, profile, args) -> dict:
 
 
 def _measure(name: str, url: str, body: str, profile, args) -> dict:
-    for _ in range(20):  # warm up every hop
-        urllib.request.urlopen(
-            urllib.request.Request(url + "/predict", open(body, "rb").read(), {"Content-Type": "application/json"})
-        )
+    data = Path(body).read_bytes()
+    for _ in range(20):  # warm up every hop; the first answers may well be late (504)
+        request = urllib.request.Request(url + "/predict", data, {"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request).read()
+        except urllib.error.HTTPError as exc:
+            exc.read()
     seq = run_hey(url + "/predict", body, requests=args.sequential, clients=1, rate=50, keepalive=True)
     load = run_hey(
         url + "/predict", body, requests=int(args.rate * args.duration), clients=20, rate=args.rate, keepalive=True

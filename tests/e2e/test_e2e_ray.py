@@ -1,6 +1,6 @@
-"""SuperServe's architecture on a local Ray Serve cluster: HTTP through Ray's proxy to the ingress, one router, two
-workers of the digits supernet; one worker is killed mid-burst. Every request gets exactly one valid answer, the
-survivor keeps serving, a worker is added while serving, and shutdown is clean.
+"""SuperServe's architecture on a local Ray Serve cluster: HTTP through Ray's proxy to the router (the ingress, with
+the EDF queue and SlackFit), two workers of the digits supernet; one worker is killed mid-burst. Every request gets
+exactly one valid answer, the survivor keeps serving, a worker is added while serving, and shutdown is clean.
 
 Starts Ray inside the test (``ray.init(num_cpus=2)``, no dashboard, loopback only). Deselect with ``-m "not ray"``.
 """
