@@ -12,7 +12,9 @@ Main pieces:
 - :func:`dispatch_step`: the one drop/decide/pop step every scheduler here runs (live, simulated, Ray router).
 - :func:`plan_batch`: the same step for a batch a serving framework already formed (Ray ``@serve.batch``, Triton).
 - :class:`Scheduler`: the live, thread-based scheduler returning ``concurrent.futures.Future`` objects.
-- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code.
+- :class:`LatencyModel`: online latency estimates fed by measured service times (adaptive planning).
+- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code; it can inject
+  :class:`Interference` (a time-varying slowdown per worker).
 - :mod:`scheduling.traces` and :mod:`scheduling.datasets`: seeded traces and the shipped data.
 """
 
@@ -34,11 +36,12 @@ from .errors import (
     WorkerResultError,
 )
 from .gearplan import GearPlan
+from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsSummary, OutcomeRecord
 from .policies import Decision, Fixed, MaxAcc, MaxBatch, MinCost, Policy
 from .profile import LatencyStats, Profile, PropertyReport, PropertyViolation, Subnet, synthetic_profile
 from .scheduler import Scheduler
-from .simulator import SimConfig, SimResult, simulate
+from .simulator import Interference, SimConfig, SimResult, simulate
 from .slackfit import SlackFit
 
 __all__ = [
@@ -49,8 +52,10 @@ __all__ = [
     "EDFQueue",
     "Fixed",
     "GearPlan",
+    "Interference",
     "InvalidProfileError",
     "InvalidRequestError",
+    "LatencyModel",
     "LatencyStats",
     "MaxAcc",
     "MaxBatch",

@@ -43,13 +43,17 @@ class Step(NamedTuple):
     wake_at: float
 
 
-def dispatch_step(queue: EDFQueue, policy: Policy, now: float) -> Step:
+def dispatch_step(queue: EDFQueue, policy: Policy, now: float, slack_scale: float = 1.0) -> Step:
     """Apply the drop rule to ``queue``, ask ``policy`` what to run, and pop that batch.
 
     Args:
         queue: The EDF queue (its ``drop_late`` switches the drop rule).
         policy: Decides from the head's slack ``deadline - now`` and the queue length.
         now: The current time on the clock the deadlines use.
+        slack_scale: Multiplies the slack the policy decides with (default 1): a worker that a
+            :class:`~scheduling.LatencyModel` finds ``f`` times slower than the policy's (refreshed) profile passes
+            ``1 / f``, so a choice fits exactly when it would on that worker. The drop rule is not scaled: it drops
+            only what even the profile's fastest choice could not serve.
 
     Returns:
         A :class:`Step`. The queue has lost exactly ``expired`` and ``batch``.
@@ -75,7 +79,7 @@ def dispatch_step(queue: EDFQueue, policy: Policy, now: float) -> Step:
         return _step(Step, (expired, None, _NONE, 0, _INF))
     qlen = len(queue)
     head = queue.peek_deadline()
-    d = policy.decide(head - now, qlen, now)
+    d = policy.decide((head - now) * slack_scale, qlen, now)
     if d is None:
         return _step(Step, (expired, None, _NONE, qlen, max(head - policy.min_latency(qlen), now + WAKE_FLOOR_S)))
     return _step(Step, (expired, d, queue.pop_batch(d.batch_size), qlen, _INF))

@@ -13,6 +13,7 @@ MODULES = [
     "dispatch",
     "edf",
     "gearplan",
+    "latency_model",
     "policies",
     "profile",
     "scheduler",
