@@ -46,6 +46,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from scheduling import (
     DeadlineMissedError,
     EDFQueue,
+    LatencyModel,
     NoWorkersError,
     QueueFullError,
     SchedulerClosedError,
@@ -120,6 +121,8 @@ class Router:
         name_prefix: Workers are named actors ``f"{name_prefix}-{i}"`` in the Ray namespace ``WORKER_NAMESPACE``
             (``ray.get_actor(name, namespace=WORKER_NAMESPACE)``).
         app_options: Keyword arguments of :class:`~subnetact.serving.ServingApp` (``default_deadline_ms``...).
+        adaptive: Refine the profile from measured batch times with a :class:`scheduling.LatencyModel` (slow workers
+            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``.
     """
 
     def __init__(
@@ -132,10 +135,16 @@ class Router:
         worker_options: dict[str, Any] | None = None,
         name_prefix: str = "subnetact-worker",
         app_options: dict[str, Any] | None = None,
+        adaptive: bool = False,
     ) -> None:
         self.spec = spec
         self.profile = spec.load_profile()
         self.policy = make_policy(policy, self.profile)
+        # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
+        # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
+        self.latency_model = LatencyModel(self.profile) if adaptive else None
+        if self.latency_model is not None:
+            self.policy.update_profile(self.latency_model.prior)
         self.queue = EDFQueue(capacity=max_queue)
         self.worker_options = {"num_cpus": 1, **(worker_options or {})}
         self.name_prefix = name_prefix
@@ -282,7 +291,9 @@ class Router:
                 if not free:
                     break
                 now = time.monotonic()
-                step = dispatch_step(q, policy, now)  # the same step as scheduling.Scheduler and simulate()
+                w = free[0]
+                scale = 1.0 if self.latency_model is None else self.latency_model.slack_scale(w.wid)
+                step = dispatch_step(q, policy, now, scale)  # the same step as scheduling.Scheduler and simulate()
                 for e in step.expired:
                     slack_ms = 1e3 * (e[0] - now)
                     self._complete(
@@ -292,7 +303,6 @@ class Router:
                     if q:
                         timeout = step.wake_at - now
                     break
-                w = free[0]
                 w.busy = True
                 self.counts["batches"] += 1
                 if self._observe_batch is not None:
@@ -303,6 +313,7 @@ class Router:
 
     async def _run_batch(self, w: _WorkerSlot, subnet_id: Any, batch: list) -> None:
         requests = [e[3] for e in batch]
+        t_start = time.monotonic()
         try:
             results = await w.actor.run.remote(subnet_id, [r.payload for r in requests])
         except _WORKER_DIED as exc:
@@ -313,6 +324,10 @@ class Router:
             for r in requests:
                 self._complete(r, exc=RuntimeError(f"worker {w.name} failed: {type(exc).__name__}: {exc}"))
         else:
+            t_done = time.monotonic()
+            model = self.latency_model
+            if model is not None and model.record(w.wid, subnet_id, len(requests), t_done - t_start, t_done):
+                model.replan(self.policy, t_done)
             for r, res in zip(requests, results, strict=True):
                 self._complete(r, res)
         finally:
@@ -340,8 +355,10 @@ def build_app(
     worker_options: dict[str, Any] | None = None,
     name_prefix: str = "subnetact-worker",
     app_options: dict[str, Any] | None = None,
+    adaptive: bool = False,
 ) -> Any:
-    """The bound Serve application (Ray's proxy -> router -> workers) for ``serve.run``.
+    """The bound Serve application (Ray's proxy -> router -> workers) for ``serve.run``; the arguments are
+    :class:`Router`'s.
 
     Example::
 
@@ -357,6 +374,7 @@ def build_app(
         worker_options=worker_options,
         name_prefix=name_prefix,
         app_options=app_options,
+        adaptive=adaptive,
     )
 
 

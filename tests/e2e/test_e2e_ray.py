@@ -62,7 +62,11 @@ def test_router_and_two_workers_survive_a_killed_worker():
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app(
-            spec, num_workers=2, worker_options={"num_cpus": 0.5}, app_options={"default_deadline_ms": 20000.0}
+            spec,
+            num_workers=2,
+            worker_options={"num_cpus": 0.5},
+            app_options={"default_deadline_ms": 20000.0},
+            adaptive=True,  # the router refines the profile from the batch times it measures
         )
         serve.run(app, name="subnetact", route_prefix="/")
         router = serve.get_deployment_handle("Router", app_name="subnetact")
