@@ -410,3 +410,15 @@ def test_logits_postprocess_returns_the_model_output(runner, profile):
         expected = runner.model(torch.from_numpy(x)[None], subnet=runner.configs[2])[0]
     assert answer["subnet"] == 2 and answer["batch_size"] == 1
     torch.testing.assert_close(torch.tensor(answer["output"]), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"header_timeout_s": 0}, r"header_timeout_s=0 must be a finite number of seconds > 0"),
+        ({"drain_delay_s": -0.5}, r"drain_delay_s=-0.5 must be a finite number of seconds >= 0"),
+    ],
+)
+def test_bad_server_options_are_refused(runner, option, match):
+    with pytest.raises(ValueError, match=match):
+        make_server(None, **option)
