@@ -419,6 +419,6 @@ def test_logits_postprocess_returns_the_model_output(runner, profile):
         ({"drain_delay_s": -0.5}, r"drain_delay_s=-0.5 must be a finite number of seconds >= 0"),
     ],
 )
-def test_bad_server_options_are_refused(runner, option, match):
+def test_bad_server_options_are_refused(option, match):
     with pytest.raises(ValueError, match=match):
         make_server(None, **option)
