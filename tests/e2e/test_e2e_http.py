@@ -82,7 +82,7 @@ class _Served:
 
 @pytest.fixture(scope="module")
 def profile() -> Profile:
-    return measure_digits_profile(batch_sizes=(1, 4, 16), repeats=3)
+    return measure_digits_profile(batch_sizes=(1, 4, 16), repeats=2)
 
 
 @pytest.fixture(scope="module")
