@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import SubnetConfig
-from ..errors import InvalidSubnetError
+from ..errors import InvalidSubnetError, NotConvertedError
 from ..space import Space
 from .resnet import BASE_DEPTH, STEM_DEPTH_PATH
 
@@ -38,7 +38,7 @@ def _space_of(space: Any) -> Space:
     inner = getattr(space, "space", None)
     if isinstance(inner, Space):
         return inner
-    raise TypeError(f"space={space!r} must be a subnetact.Space or a converted model (with .space)")
+    raise NotConvertedError(f"space={space!r} must be a subnetact.Space or a converted model (with .space)")
 
 
 def family(space: Space) -> str:
