@@ -20,17 +20,18 @@ from __future__ import annotations
 import copy
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
 from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
 from ..layer_select import EVERY_OTHER
 from ..space import Entry
 from ..state import ChannelGroup, Plan
-from .families import TransformerFamily, all_layer_parts, find_layers
+from .families import _BY_LAYER_CLASS, _FAMILIES, TransformerFamily, all_layer_parts, find_layers
+from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
 
@@ -62,8 +63,14 @@ def analyse(
     config: ConvertConfig,
     filter_fn: Callable[[nn.Module, str], bool] | None,
     family: TransformerFamily,
+    example_inputs: ExampleInputs | None = None,
 ) -> ConversionPlan:
-    """Phase 1 of :func:`subnetact.convert` for a Hugging Face encoder: validate and describe, change nothing."""
+    """Phase 1 of :func:`subnetact.convert` for a Hugging Face encoder: validate and describe, change nothing.
+
+    Besides the structure, the family is verified on the model itself (:func:`~subnetact.hf.verify.verify_family`:
+    a tiny forward with hooks), so a family whose layers are shared or whose attention cannot run fewer heads is
+    refused here instead of converting into a silently wrong supernet.
+    """
     _check_transformers_version()
     hf_config = getattr(model, "config", None)
     if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
@@ -78,6 +85,7 @@ def analyse(
             "nothing would be converted"
         )
     _, parts = all_layer_parts(model, family)
+    verify_family(model, family, path, parts, config.width_choices, example_inputs)
     n = len(parts)
     heads_entries, ffn_entries, groups = [], [], []
     slices: dict[str, tuple[int | None, int | None]] = {}
@@ -126,7 +134,7 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
     uniform = len(set(heads)) == 1 and len(set(ffn)) == 1 and len({p.head_size for p in parts}) == 1
     if uniform:
         new_config.num_attention_heads = heads[0]
-        new_config.intermediate_size = ffn[0]
+        setattr(new_config, family.config_ffn, ffn[0])
         if family.config_head_dim is not None:
             setattr(new_config, family.config_head_dim, head_size)
     # Provenance, and the per-layer shapes a config cannot express otherwise (JSON-serialisable, so it survives
@@ -153,7 +161,47 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
     return dense
 
 
-def install(qualname: str, family: TransformerFamily) -> None:
+def install(qualname: str, family: TransformerFamily, example_inputs: ExampleInputs | None = None) -> None:
     """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
-    register_model_adapter(qualname)(lambda model, config, filter_fn: analyse(model, config, filter_fn, family))
+    register_model_adapter(qualname)(
+        lambda model, config, filter_fn: analyse(model, config, filter_fn, family, example_inputs)
+    )
     register_export_hook(qualname)(lambda model, plan, dense: export_hook(model, plan, dense, family))
+
+
+def register_family(
+    family: TransformerFamily, classes: Sequence[str], *, example_inputs: ExampleInputs | None = None
+) -> None:
+    """Make :func:`subnetact.convert`, ``export`` and :func:`subnetact.reorder` handle ``classes``.
+
+    Nothing is checked against a model here (``transformers`` is not imported): every ``convert`` of one of
+    ``classes`` first verifies the family on the model (each layer runs once, in order; fewer heads and FFN
+    neurons run as fewer heads and neurons) and refuses the model with :class:`~subnetact.UnsupportedModelError`
+    if the family does not describe how it computes (ALBERT's shared layer, DeBERTa-v2's relative attention).
+
+    Args:
+        family: where the family's elastic modules live.
+        classes: ``"module.QualName"`` of each model class, e.g.
+            ``"transformers.models.bert.modeling_bert.BertForTokenClassification"`` (a name, so ``transformers`` is
+            not imported).
+        example_inputs: ``model -> dict`` of keyword inputs for the tiny verification forward, for models whose
+            ``main_input_name`` is neither ``input_ids`` nor ``pixel_values`` (default: built from the config).
+
+    Raises:
+        ConfigError: (a ``ValueError``) ``family`` is not a :class:`TransformerFamily`, ``classes`` is not a list of
+            ``"module.QualName"`` strings, or ``example_inputs`` is not callable; nothing is registered.
+
+    Example::
+
+        >>> subnetact.hf.register_family(subnetact.hf.BERT, ["transformers.models.bert.modeling_bert.BertForMaskedLM"])
+    """
+    if not isinstance(family, TransformerFamily):
+        raise ConfigError(f"family={family!r} must be a subnetact.hf.TransformerFamily")
+    if isinstance(classes, str) or not all(isinstance(c, str) and "." in c for c in classes):
+        raise ConfigError(f"classes={classes!r} must be a list of 'module.QualName' strings")
+    if example_inputs is not None and not callable(example_inputs):
+        raise ConfigError(f"example_inputs={example_inputs!r} must be a callable model -> dict of inputs, or None")
+    _BY_LAYER_CLASS[family.layer_class] = family
+    for qualname in classes:
+        _FAMILIES[qualname] = family
+        install(qualname, family, example_inputs)

@@ -6,8 +6,7 @@ Nothing here imports ``transformers``: models are recognised by class name and t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -32,6 +31,7 @@ class TransformerFamily:
         config_head_dim: config attribute the family reads the head size from (ViT: ``"head_dim"``), so an exported
             model with fewer heads gets a config that rebuilds the same shapes; None where the head size is always
             ``hidden_size // num_attention_heads`` (BERT, RoBERTa).
+        config_ffn: config attribute of the FFN width (DistilBERT: ``"hidden_dim"``).
     """
 
     name: str
@@ -47,6 +47,7 @@ class TransformerFamily:
     head_size_attr: str = "attention_head_size"
     all_head_size_attr: str | None = "all_head_size"
     config_head_dim: str | None = None
+    config_ffn: str = "intermediate_size"
 
 
 BERT = TransformerFamily(
@@ -86,8 +87,28 @@ VIT = TransformerFamily(
     config_head_dim="head_dim",
 )
 
+ELECTRA = replace(BERT, name="electra", layer_class="ElectraLayer")
+XLM_ROBERTA = replace(BERT, name="xlm-roberta", layer_class="XLMRobertaLayer")
+DISTILBERT = TransformerFamily(
+    name="distilbert",
+    layer_class="TransformerBlock",
+    attention="attention",
+    query="attention.q_lin",
+    key="attention.k_lin",
+    value="attention.v_lin",
+    out="attention.out_lin",
+    fc1="ffn.lin1",
+    fc2="ffn.lin2",
+    heads_attr="n_heads",
+    all_head_size_attr=None,
+    config_ffn="hidden_dim",
+)
+DEIT = replace(VIT, name="deit", layer_class="DeiTLayer")
+
 # "module.QualName" of each supported model class -> its family.
 _FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
+# Layer class name -> the family last registered with it, to name the family in an unregistered model's error.
+_BY_LAYER_CLASS: dict[str, TransformerFamily] = {}
 
 
 def family_of(model: nn.Module) -> TransformerFamily | None:
@@ -201,27 +222,3 @@ def all_layer_parts(
     """The layer list's path and every layer's parts, in order."""
     path, layers = find_layers(model, family)
     return path, [layer_parts(f"{path}.{name}", layer, family, plain=plain) for name, layer in layers.named_children()]
-
-
-def register_family(family: TransformerFamily, classes: Sequence[str]) -> None:
-    """Make :func:`subnetact.convert`, ``export`` and :func:`subnetact.reorder` handle ``classes``.
-
-    Args:
-        family: where the family's elastic modules live.
-        classes: ``"module.QualName"`` of each model class, e.g.
-            ``"transformers.models.bert.modeling_bert.BertForTokenClassification"`` (a name, so ``transformers`` is
-            not imported).
-
-    Example::
-
-        >>> subnetact.hf.register_family(subnetact.hf.BERT, ["transformers.models.bert.modeling_bert.BertForMaskedLM"])
-    """
-    from .adapter import install
-
-    if not isinstance(family, TransformerFamily):
-        raise TypeError(f"family={family!r} must be a subnetact.hf.TransformerFamily")
-    if isinstance(classes, str) or not all(isinstance(c, str) and "." in c for c in classes):
-        raise ValueError(f"classes={classes!r} must be a list of 'module.QualName' strings")
-    for qualname in classes:
-        _FAMILIES[qualname] = family
-        install(qualname, family)
