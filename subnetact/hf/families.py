@@ -181,7 +181,13 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
             )
         return module
 
-    attention = layer.get_submodule(family.attention)
+    try:
+        attention = layer.get_submodule(family.attention)
+    except AttributeError:
+        raise UnsupportedModelError(
+            f"{path} ({type(layer).__qualname__}) has no submodule {family.attention!r} "
+            f"({family.name} layout expected)"
+        ) from None
     heads = getattr(attention, family.heads_attr, None)
     head_size = getattr(attention, family.head_size_attr, None)
     if not isinstance(heads, int) or not isinstance(head_size, int):

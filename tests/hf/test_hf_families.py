@@ -318,3 +318,15 @@ def test_argument_errors_are_package_errors(call, match):
     with pytest.raises(subnetact.errors.ConfigError, match=match) as info:
         call()
     assert isinstance(info.value, subnetact.SubnetActError) and isinstance(info.value, ValueError)
+
+
+def test_family_with_a_wrong_path_is_refused():
+    import dataclasses
+
+    wrong = dataclasses.replace(subnetact.hf.BERT, name="bert-typo", attention="attention.selff")
+    register_family(wrong, ["transformers.models.bert.modeling_bert.BertForPreTraining"])
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**TEXT))
+    with pytest.raises(subnetact.UnsupportedModelError, match=r"has no submodule 'attention\.selff' \(bert-typo"):
+        subnetact.convert(model)
+    assert not isinstance(model, subnetact.SupernetMixin)
