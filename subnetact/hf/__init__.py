@@ -1,5 +1,5 @@
 """Hugging Face ``transformers`` encoders as DynaBERT-style supernets: BERT, RoBERTa, ELECTRA, XLM-RoBERTa,
-DistilBERT, ViT and DeiT built in (issues 5 and 11); other encoders through :func:`register_family`.
+DistilBERT, DeBERTa-v2, ViT and DeiT built in (issues 5 and 11); other encoders through :func:`register_family`.
 
 Importing this package registers the model adapters by class name; it never imports ``transformers``.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
 from .adapter import active_heads, active_neurons, register_family
-from .families import BERT, DEIT, DISTILBERT, ELECTRA, ROBERTA, VIT, XLM_ROBERTA, TransformerFamily
+from .families import BERT, DEBERTA_V2, DEIT, DISTILBERT, ELECTRA, ROBERTA, VIT, XLM_ROBERTA, TransformerFamily
 from .reorder import ReorderResult, reorder
 
 _MODELS = "transformers.models."
@@ -27,6 +27,7 @@ _BUILTIN = (
     (ELECTRA, "electra.modeling_electra", "Electra", ("ForSequenceClassification",)),
     (XLM_ROBERTA, "xlm_roberta.modeling_xlm_roberta", "XLMRoberta", ("ForSequenceClassification",)),
     (DISTILBERT, "distilbert.modeling_distilbert", "DistilBert", ("ForSequenceClassification",)),
+    (DEBERTA_V2, "deberta_v2.modeling_deberta_v2", "DebertaV2", ("ForSequenceClassification",)),
     (VIT, "vit.modeling_vit", "ViT", ("ForImageClassification",)),
     (DEIT, "deit.modeling_deit", "DeiT", ("ForImageClassification", "ForImageClassificationWithTeacher")),
 )
@@ -35,6 +36,7 @@ for _family, _module, _prefix, _heads in _BUILTIN:
 
 __all__ = [
     "BERT",
+    "DEBERTA_V2",
     "DEIT",
     "DISTILBERT",
     "ELECTRA",

@@ -31,6 +31,7 @@ from ..layer_select import EVERY_OTHER
 from ..space import Entry
 from ..state import ChannelGroup, Plan
 from .families import _BY_LAYER_CLASS, _FAMILIES, TransformerFamily, all_layer_parts, find_layers
+from .head_count import head_count_factory
 from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
@@ -89,6 +90,7 @@ def analyse(
     n = len(parts)
     heads_entries, ffn_entries, groups = [], [], []
     slices: dict[str, tuple[int | None, int | None]] = {}
+    custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
     for i, p in enumerate(parts):
         hg, fg = 2 * i, 2 * i + 1
         head_sizes = tuple((w, p.head_size * active_heads(w, p.heads)) for w in config.width_choices)
@@ -97,8 +99,12 @@ def analyse(
         groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
         heads_entries.append(Entry(f"{p.path}.{family.attention}", config.width_choices))
         ffn_entries.append(Entry(f"{p.path}.{family.fc1}", config.width_choices))
-        for name in (family.query, family.key, family.value):
+        for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
             slices[f"{p.path}.{name}"] = (hg, None)
+        if family.head_count_per_subnet:
+            custom[f"{p.path}.{family.attention}"] = head_count_factory(
+                hg, p.head_size, family.heads_attr, family.all_head_size_attr
+            )
         slices[f"{p.path}.{family.out}"] = (None, hg)
         slices[f"{p.path}.{family.fc1}"] = (fg, None)
         slices[f"{p.path}.{family.fc2}"] = (None, fg)
@@ -107,7 +113,7 @@ def analyse(
         "heads": heads_entries,
         "ffn": ffn_entries,
     }
-    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, links=dict(WIDTH_LINK))
+    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, custom=custom, links=dict(WIDTH_LINK))
 
 
 def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: TransformerFamily) -> nn.Module:

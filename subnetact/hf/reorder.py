@@ -108,7 +108,7 @@ def reorder(
     with torch.no_grad():
         for p, h_order, f_order in zip(parts, head_order, ffn_order):
             rows = (h_order[:, None] * p.head_size + torch.arange(p.head_size)).flatten().to(p.query.weight.device)
-            for proj in (p.query, p.key, p.value):
+            for proj in (p.query, p.key, p.value, *(module for _, module in p.extras)):
                 _permute(proj.weight, 0, rows)
                 if proj.bias is not None:
                     _permute(proj.bias, 0, rows)

@@ -3,10 +3,11 @@
 A family is a list of module paths; what it assumes cannot be read from them: that each encoder layer of the layer
 list runs exactly once per forward, in order, each feeding the next (so skipping a layer is removing it), and that
 narrower q/k/v projections give fewer heads of the same size (the attention reshapes by head size, not by its fixed
-head count), and narrower FFN projections fewer neurons. Two families break these silently: ALBERT runs one layer
-for every position, DeBERTa-v2 reshapes q/k/v by its head count. So :func:`verify_family` runs the *unconverted*
-model on a tiny input, three times (five to name the culprit of a refusal), with forward hooks only (the model
-is never changed):
+head count), and narrower FFN projections fewer neurons. Families break these silently: ALBERT runs one layer for
+every position; DeBERTa-v2 reshapes q/k/v by its head count (unless its family says ``head_count_per_subnet``, which
+the emulated run below then does too). So :func:`verify_family` runs the *unconverted* model on a tiny input, three
+times (five to name the culprit of a refusal), with forward hooks (and, for ``head_count_per_subnet``, the head-count
+attribute set for the emulated run); the model is left exactly as it was:
 
 1. a traced run counts the calls of every layer and projection and checks the chaining of the layers;
 2. an emulated run of the narrowest subnet: q/k/v and ``fc1`` outputs cut to their first ``h * head_size`` /
@@ -270,8 +271,10 @@ def _mismatch(
             for i, p in enumerate(parts):
                 if heads is not None:
                     if emulate:
-                        for name in (family.query, family.key, family.value):
+                        for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
                             hooks.post(p.layer.get_submodule(name), _cut(heads[i]))
+                        if family.head_count_per_subnet:
+                            setattr(p.attention, family.heads_attr, heads[i] // p.head_size)
                     hooks.pre(p.out, _pad(heads[i], p.heads * p.head_size) if emulate else _mask(heads[i]))
                 if ffn is not None:
                     if emulate:
@@ -279,7 +282,12 @@ def _mismatch(
                     hooks.pre(p.fc2, _pad(ffn[i], p.ffn) if emulate else _mask(ffn[i]))
                 hooks.post(p.out, capture(seen))
                 hooks.post(p.fc2, capture(seen))
-            seen.append(_run(model, inputs))
+            try:
+                seen.append(_run(model, inputs))
+            finally:
+                if family.head_count_per_subnet:  # what the converted attention does, undone
+                    for p in parts:
+                        setattr(p.attention, family.heads_attr, p.heads)
         return seen
 
     masked = run(emulate=False)
@@ -321,12 +329,18 @@ def _refuse(
         if heads is not None
         else f"{ffn[0]} of {parts[0].ffn} neurons"
     )
-    hint = (
-        "; the attention must reshape q/k/v by head size (view(B, T, -1, head_size)), not by its fixed head count "
-        "(DeBERTa's relative attention does the latter)"
-        if heads is not None
-        else "; the FFN must apply an elementwise activation between fc1 and fc2"
-    )
+    if heads is None:
+        hint = "; the FFN must apply an elementwise activation between fc1 and fc2"
+    elif family.head_count_per_subnet:
+        hint = (
+            "; every projection whose output the attention splits into heads must be named by the family "
+            "(query, key, value, extra_head_projections)"
+        )
+    else:
+        hint = (
+            "; the attention must reshape q/k/v by head size (view(B, T, -1, head_size)); one that reshapes by its "
+            "head-count attribute (DeBERTa-v2) needs head_count_per_subnet=True"
+        )
     raise UnsupportedModelError(
         f"{type(model).__qualname__}: the {family.name} family runs fewer {what} wrongly at "
         f"{p.path}.{name} ({type(module).__qualname__}): with {narrow} per layer {error}{hint}. "

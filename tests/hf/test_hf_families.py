@@ -1,7 +1,8 @@
-"""Families beyond BERT/RoBERTa/ViT (issue 11): ELECTRA, XLM-R, DistilBERT and DeiT are built in with exact parity;
-ALBERT (one layer shared by every position) and DeBERTa-v2 (q/k/v reshaped by the fixed head count) are refused by
-the verification that runs on the real model, before anything changes; an unregistered Hugging Face class is told
-to use ``subnetact.hf.register_family``.
+"""Families beyond BERT/RoBERTa/ViT (issue 11): ELECTRA, XLM-R, DistilBERT, DeiT and DeBERTa-v2 (whose attention
+reshapes by its head count, which the converted attention sets per subnet) are built in with exact parity; ALBERT
+(one layer shared by every position), and a DeBERTa-v2 family that forgets the per-subnet head count or the
+relative-position projections, are refused by the verification that runs on the real model, before anything
+changes; an unregistered Hugging Face class is told to use ``subnetact.hf.register_family``.
 
 The reference for a subnet is the *original* model's own forward with the output projection's input columns of
 the dropped heads and ``fc2``'s input columns of the dropped neurons zeroed (which is what dropping whole heads and
@@ -12,6 +13,7 @@ subnetact's operators nor its export.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -48,13 +50,28 @@ PATHS = {
     "xlm-roberta": ("roberta.encoder.layer", "attention.output.dense", "output.dense", "intermediate_size"),
     "distilbert": ("distilbert.transformer.layer", "attention.out_lin", "ffn.lin2", "hidden_dim"),
     "deit": ("deit.layers", "attention.o_proj", "mlp.fc2", "intermediate_size"),
+    "deberta-v2": ("deberta.encoder.layer", "attention.output.dense", "output.dense", "intermediate_size"),
+}
+DEBERTA_VARIANTS = {  # relative attention with c2p/p2c projections (the default here), shared key, absolute
+    "relative": dict(relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8),
+    "shared-key": dict(
+        relative_attention=True,
+        share_att_key=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=8,
+        norm_rel_ebd="layer_norm",
+    ),
+    "absolute": dict(relative_attention=False),
 }
 
 
-def build(name: str, attn: str = "sdpa", head: str = "cls") -> nn.Module:
+def build(name: str, attn: str = "sdpa", head: str = "cls", variant: str = "relative") -> nn.Module:
     t = transformers
     torch.manual_seed(0)
-    if name == "electra":
+    if name == "deberta-v2":  # one attention implementation (its own); attn is ignored
+        cls = t.DebertaV2ForSequenceClassification if head == "cls" else t.DebertaV2Model
+        model = cls(t.DebertaV2Config(**TEXT, **DEBERTA_VARIANTS[variant]))
+    elif name == "electra":
         cls = t.ElectraForSequenceClassification if head == "cls" else t.ElectraModel
         model = cls(t.ElectraConfig(embedding_size=HIDDEN, attn_implementation=attn, **TEXT))
     elif name == "xlm-roberta":
@@ -142,16 +159,26 @@ def test_exported_config_describes_the_subnet(name):
     assert (cfg.num_hidden_layers, cfg.num_attention_heads, getattr(cfg, ffn_attr)) == (2, 2, 32)
     assert cfg.subnetact_subnet["supernet_layers"] == [0, 2]
     if name == "deit":  # DeiT reads head_dim from its config, so the config alone rebuilds the subnet
-        rebuilt = transformers.DeiTForImageClassification(cfg).eval()
+        rebuilt = type(exported)(cfg).eval()
         rebuilt.load_state_dict(exported.state_dict(), strict=True)
         x = inputs(name)
         with torch.no_grad():
             torch.testing.assert_close(rebuilt(**x).logits, exported.eval()(**x).logits, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize(("name", "head"), [("deit", "teacher"), ("deit", "base"), ("distilbert", "base")])
-def test_other_builtin_classes(name, head):
-    original = build(name, head=head)
+@pytest.mark.parametrize(
+    ("name", "head", "variant"),
+    [
+        ("deit", "teacher", None),
+        ("deit", "base", None),
+        ("distilbert", "base", None),
+        ("deberta-v2", "base", "relative"),  # last_hidden_state: scale ~1, not a classifier's ~0.01
+        ("deberta-v2", "base", "shared-key"),
+        ("deberta-v2", "base", "absolute"),
+    ],
+)
+def test_other_builtin_classes(name, head, variant):
+    original = build(name, head=head, variant=variant)
     model = subnetact.convert(copy.deepcopy(original))
     x = inputs(name)
     cfg = model.space.make(depth=3, width=0.5)
@@ -181,17 +208,7 @@ ALBERT = TransformerFamily(
     fc1="ffn",
     fc2="ffn_output",
 )
-DEBERTA_V2 = TransformerFamily(
-    name="deberta-v2",
-    layer_class="DebertaV2Layer",
-    attention="attention.self",
-    query="attention.self.query_proj",
-    key="attention.self.key_proj",
-    value="attention.self.value_proj",
-    out="attention.output.dense",
-    fc1="intermediate.dense",
-    fc2="output.dense",
-)
+DEBERTA_V2 = subnetact.hf.DEBERTA_V2
 
 
 def _albert(**kw):
@@ -200,7 +217,8 @@ def _albert(**kw):
 
 
 def _deberta(**kw):
-    return transformers.DebertaV2ForSequenceClassification(transformers.DebertaV2Config(**TEXT, **kw)).eval()
+    # A class the built-in DeBERTa-v2 family is not registered for: the test registers the wrong family on it.
+    return transformers.DebertaV2ForTokenClassification(transformers.DebertaV2Config(**TEXT, **kw)).eval()
 
 
 REFUSED = {
@@ -214,21 +232,22 @@ REFUSED = {
         lambda: _albert(num_hidden_layers=1, inner_group_num=4),
         r"config\.num_hidden_layers=1 but 'albert\.encoder\.albert_layer_groups\.0\.albert_layers' holds 4 layers",
     ),
-    "deberta-v2-relative": (
-        DEBERTA_V2,
+    "deberta-v2-fixed-head-count": (
+        dataclasses.replace(DEBERTA_V2, name="deberta-v2-fixed", head_count_per_subnet=False),
         lambda: _deberta(relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8),
         r"runs fewer heads wrongly at deberta\.encoder\.layer\.0\.attention\.self \(DisentangledSelfAttention\): "
-        r"with 1 of 4 heads per layer the forward fails",
+        r"with 1 of 4 heads per layer an output differs from the masked full model",
     ),
-    "deberta-v2-shared-key": (
-        DEBERTA_V2,
-        lambda: _deberta(relative_attention=True, share_att_key=True, pos_att_type=["p2c", "c2p"], position_buckets=8),
-        r"fewer heads wrongly at deberta\.encoder\.layer\.0\.attention\.self .*differs from the masked full model",
-    ),
-    "deberta-v2-absolute": (
-        DEBERTA_V2,
+    "deberta-v2-absolute-fixed-head-count": (
+        dataclasses.replace(DEBERTA_V2, name="deberta-v2-fixed", head_count_per_subnet=False),
         lambda: _deberta(relative_attention=False),
-        r"runs fewer heads wrongly .*reshape q/k/v by head size",
+        r"fewer heads wrongly .*differs from the masked full model .*needs head_count_per_subnet=True",
+    ),
+    "deberta-v2-without-position-projections": (
+        dataclasses.replace(DEBERTA_V2, name="deberta-v2-nopos", extra_head_projections=()),
+        lambda: _deberta(relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8),
+        r"deberta-v2-nopos family runs fewer heads wrongly at deberta\.encoder\.layer\.0\.attention\.self .*"
+        r"the forward fails .*must be named by the family",
     ),
 }
 
@@ -321,8 +340,6 @@ def test_argument_errors_are_package_errors(call, match):
 
 
 def test_family_with_a_wrong_path_is_refused():
-    import dataclasses
-
     wrong = dataclasses.replace(subnetact.hf.BERT, name="bert-typo", attention="attention.selff")
     register_family(wrong, ["transformers.models.bert.modeling_bert.BertForPreTraining"])
     torch.manual_seed(0)
@@ -330,3 +347,19 @@ def test_family_with_a_wrong_path_is_refused():
     with pytest.raises(subnetact.UnsupportedModelError, match=r"has no submodule 'attention\.selff' \(bert-typo"):
         subnetact.convert(model)
     assert not isinstance(model, subnetact.SupernetMixin)
+
+
+@pytest.mark.parametrize("variant", ["relative", "shared-key"])
+def test_deberta_reorder_moves_the_position_projections_with_their_heads(variant):
+    original = build("deberta-v2", head="base", variant=variant)
+    model = subnetact.convert(copy.deepcopy(original))
+    x = inputs("deberta-v2")
+    result = subnetact.reorder(model, None, score="l1")
+    assert any(not torch.equal(o, torch.arange(HEADS)) for o in result.head_order)  # heads did move
+    cfg = model.space.make(depth=3, width=0.5)
+    with torch.no_grad():
+        # Every head's q/k/v rows, position-projection rows and output columns moved together: same function.
+        torch.testing.assert_close(main(model(**x)), main(original(**x)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            main(model(**x, subnet=cfg)), main(model.export(cfg).eval()(**x)), atol=1e-6, rtol=0
+        )
