@@ -299,16 +299,19 @@ class LatencyModel:
         self._next_refresh = now + self.refresh_s
         return profile
 
-    def replan(self, policy: Policy, now: float) -> None:
+    def replan(self, policy: Policy, now: float, *, limit_by_cost: bool = True) -> None:
         """``policy.update_profile(self.refresh(now))``, rate-limited by its own cost.
 
         Re-plans rebuild the policy's tables (about 0.3 ms for SlackFit on the A40 profile, tens of ms for thousands
-        of entries): the next one is allowed no earlier than ``refresh_s`` and no earlier than 50x this one's cost, so
-        re-planning never takes more than ~2 % of the time.
+        of entries): the next one is allowed no earlier than ``refresh_s`` and, with ``limit_by_cost`` (the live
+        scheduler), no earlier than 50x this one's wall-clock cost, so re-planning never takes more than ~2 % of the
+        time. The simulator passes ``limit_by_cost=False``: its clock is simulated, and a wall-clock cost would make
+        its results depend on how busy the machine running it is.
         """
         t0 = time.perf_counter()
         policy.update_profile(self.refresh(now))
-        self._next_refresh = now + max(self.refresh_s, 50.0 * (time.perf_counter() - t0))
+        if limit_by_cost:
+            self._next_refresh = now + max(self.refresh_s, 50.0 * (time.perf_counter() - t0))
 
     def _make_monotone(self, est: dict[SubnetId, dict[int, float]]) -> None:
         """Raise estimates (in place) to the least values that keep P1 and P2 wherever the prior has them.

@@ -277,7 +277,7 @@ def simulate(
             rec.record_served(t, entries, acc)
             # A simulated partial batch runs as its profiled (padded) size, so that is the size it measures.
             if model is not None and model.record(w, sid, size, dur, t):
-                model.replan(policy, t)
+                model.replan(policy, t, limit_by_cost=False)  # deterministic: simulated time only
             heappush(idle, w)
             wake = dispatch(t)
         elif t_f <= t_a and t_f <= wake:

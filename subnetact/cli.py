@@ -50,7 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--policies",
         default=None,
-        help="comma-separated: slackfit,slackfit-adaptive,mincost,maxacc,fixed,fixed:<id> (default: all but maxacc)",
+        help="comma-separated: slackfit,slackfit-adaptive,mincost,maxacc,fixed,fixed:<id> "
+        "(default: slackfit,slackfit-adaptive,mincost,fixed)",
     )
     demo.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32], help="profiled batch sizes")
     demo.add_argument("--workers", type=int, default=1, help="inference worker threads (default 1)")

@@ -47,8 +47,8 @@ def test_demo_help_states_the_real_default_policies():
         a for a in cli._parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" demo")
     )
     (action,) = [a for a in demo_parser._actions if a.dest == "policies"]
-    stated = re.search(r"\(default: ([a-z:,]+)\)", action.help).group(1).split(",")
-    known = {"slackfit", "mincost", "maxacc", *(f"fixed:{i}" for i in range(3))}
+    stated = re.search(r"\(default: ([a-z:,-]+)\)", action.help).group(1).split(",")
+    known = {"slackfit", "slackfit-adaptive", "mincost", "maxacc", *(f"fixed:{i}" for i in range(3))}
     assert demo._policy_names(stated, 3, known) == demo._policy_names(None, 3, known)
 
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import scheduling.latency_model as latency_model_module
 from scheduling import (
     Fixed,
     GearPlan,
@@ -366,3 +367,15 @@ def test_live_scheduler_feeds_the_model_and_completes_every_request_once():
     m = sched.metrics()
     assert model.observed == m.batches and model.rejected == 0
     assert model.worker_factor(0) > 1.5  # sleep() overshoots, never undershoots
+
+
+def test_simulation_does_not_depend_on_how_busy_the_machine_is(monkeypatch):
+    # The simulator's re-plans follow simulated time only: a machine where every re-plan seems to take a second of
+    # wall-clock time (a loaded CI box) must give the same result, bit for bit.
+    arrivals = traces.bursty(1500, 4900, cv2=2, duration_s=3.0, seed=3)
+    cfg = SimConfig(slo_s=0.036, num_workers=8, interference=(Interference(1.0, 2.0, 1.5, (0, 1, 2, 3)),))
+    quiet = simulate(SlackFit(A40), arrivals, cfg, latency_model=LatencyModel(A40)).summary
+    ticks = iter(range(10**9))
+    monkeypatch.setattr(latency_model_module.time, "perf_counter", lambda: float(next(ticks)))
+    busy = simulate(SlackFit(A40), arrivals, cfg, latency_model=LatencyModel(A40)).summary
+    assert busy == quiet
