@@ -5,11 +5,12 @@ list runs exactly once per forward, in order, each feeding the next (so skipping
 narrower q/k/v projections give fewer heads of the same size (the attention reshapes by head size, not by its fixed
 head count), and narrower FFN projections fewer neurons. Families break these silently: ALBERT runs one layer for
 every position; DeBERTa-v2 reshapes q/k/v by its head count (unless its family says ``head_count_per_subnet``, which
-the emulated run below then does too). So :func:`verify_family` runs the *unconverted* model on a tiny input, three
-times (five to name the culprit of a refusal), with forward hooks (and, for ``head_count_per_subnet``, the head-count
+the emulated run below then does too). So :func:`verify_family` runs the *unconverted* model on a tiny input, twice
+(six times to name the culprit of a refusal), with forward hooks (and, for ``head_count_per_subnet``, the head-count
 attribute set for the emulated run); the model is left exactly as it was:
 
-1. a traced run counts the calls of every layer and projection and checks the chaining of the layers;
+1. a traced run counts the calls of every layer and projection and checks the chaining of the layers (it is also
+   run 3 below);
 2. an emulated run of the narrowest subnet: q/k/v and ``fc1`` outputs cut to their first ``h * head_size`` /
    ``f`` features, the zero-padded inputs of the output projection and ``fc2`` -- exactly what the sliced operators
    compute, in the model's own forward;
@@ -148,17 +149,18 @@ def verify_family(
     from .adapter import active_heads, active_neurons
 
     inputs = (example_inputs or default_example_inputs)(model)
+    w = min(widths)
+    heads = [active_heads(w, p.heads) * p.head_size for p in parts]
+    ffn = [active_neurons(w, p.ffn) for p in parts]
+    narrow = any(h != p.heads * p.head_size or f != p.ffn for h, f, p in zip(heads, ffn, parts))
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()  # dropout would make the runs differ
         with torch.no_grad():
-            _trace(model, family, layers_path, parts, inputs)
-            w = min(widths)
-            heads = [active_heads(w, p.heads) * p.head_size for p in parts]
-            ffn = [active_neurons(w, p.ffn) for p in parts]
-            if all(h == p.heads * p.head_size and f == p.ffn for h, f, p in zip(heads, ffn, parts)):
-                return  # no narrower subnet in the space
-            if _mismatch(model, family, parts, inputs, heads, ffn) is None:
+            # Run 1 is also run 3 (the masked model, when the space has narrower subnets): the structure is the same.
+            h, f = (heads, ffn) if narrow else (None, None)
+            masked = _trace(model, family, layers_path, parts, inputs, h, f)
+            if not narrow or _mismatch(model, family, parts, inputs, heads, ffn, masked) is None:
                 return
             for what, h, f in (("heads", heads, None), ("FFN neurons", None, ffn)):
                 found = _mismatch(model, family, parts, inputs, h, f)
@@ -174,9 +176,16 @@ def verify_family(
 
 
 def _trace(
-    model: nn.Module, family: TransformerFamily, layers_path: str, parts: list[LayerParts], inputs: Mapping
-) -> None:
-    """Run 1: every layer once, in order, each fed the previous one's output; every projection called."""
+    model: nn.Module,
+    family: TransformerFamily,
+    layers_path: str,
+    parts: list[LayerParts],
+    inputs: Mapping,
+    heads: list[int] | None,
+    ffn: list[int] | None,
+) -> list[torch.Tensor]:
+    """Run 1: every layer once, in order, each fed the previous one's output; every projection called. With
+    ``heads`` / ``ffn`` it runs the masked model (run 3); returns the captured outputs (see :func:`_narrow_run`)."""
     calls: list[tuple[int, torch.Tensor | None, torch.Tensor | None]] = []
     counts: dict[str, int] = {}
 
@@ -194,18 +203,20 @@ def _trace(
         return hook
 
     names = (family.query, family.key, family.value, family.out, family.fc1, family.fc2)
-    with _Hooks() as hooks:
+
+    def trace_hooks(hooks: _Hooks) -> None:
         for i, p in enumerate(parts):
             hooks.post(p.layer, layer_hook(i), with_kwargs=True)
             for name in names:
                 hooks.post(p.layer.get_submodule(name), count(f"{p.path}.{name}"))
-        try:
-            _run(model, inputs)
-        except Exception as exc:
-            raise UnsupportedModelError(
-                f"{type(model).__qualname__}: the tiny forward that verifies the {family.name} family failed "
-                f"({type(exc).__name__}: {exc}); pass example_inputs to subnetact.hf.register_family"
-            ) from exc
+
+    try:
+        masked = _narrow_run(model, family, parts, inputs, heads, ffn, emulate=False, extra=trace_hooks)
+    except Exception as exc:
+        raise UnsupportedModelError(
+            f"{type(model).__qualname__}: the tiny forward that verifies the {family.name} family failed "
+            f"({type(exc).__name__}: {exc}); pass example_inputs to subnetact.hf.register_family"
+        ) from exc
     order = [i for i, _, _ in calls]
     for i, p in enumerate(parts):
         n = order.count(i)
@@ -247,6 +258,52 @@ def _trace(
                     f"{type(model).__qualname__}: {p.path}.{name} never runs in the forward; the {family.name} "
                     "family's paths do not describe how this model computes"
                 )
+    return masked
+
+
+def _narrow_run(
+    model: nn.Module,
+    family: TransformerFamily,
+    parts: list[LayerParts],
+    inputs: Mapping,
+    heads: list[int] | None,
+    ffn: list[int] | None,
+    *,
+    emulate: bool,
+    extra: Callable[[_Hooks], None] | None = None,
+) -> list[torch.Tensor]:
+    """Run the model with ``heads`` (head features kept per layer) and/or ``ffn`` (neurons kept per layer) emulated
+    (run 2) or masked (run 3); neither: the plain model. Returns the outputs of every layer's output projection and
+    ``fc2`` (``2 * layer`` and ``2 * layer + 1``), then the model's main output."""
+
+    def capture(store: list) -> Callable:
+        return lambda module, args, out: store.append(out.detach().clone())
+
+    seen: list[torch.Tensor] = []
+    with _Hooks() as hooks:
+        for i, p in enumerate(parts):
+            if heads is not None:
+                if emulate:
+                    for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
+                        hooks.post(p.layer.get_submodule(name), _cut(heads[i]))
+                    if family.head_count_per_subnet:
+                        setattr(p.attention, family.heads_attr, heads[i] // p.head_size)
+                hooks.pre(p.out, _pad(heads[i], p.heads * p.head_size) if emulate else _mask(heads[i]))
+            if ffn is not None:
+                if emulate:
+                    hooks.post(p.fc1, _cut(ffn[i]))
+                hooks.pre(p.fc2, _pad(ffn[i], p.ffn) if emulate else _mask(ffn[i]))
+            hooks.post(p.out, capture(seen))
+            hooks.post(p.fc2, capture(seen))
+        if extra is not None:
+            extra(hooks)
+        try:
+            seen.append(_run(model, inputs))
+        finally:
+            if emulate and heads is not None and family.head_count_per_subnet:  # what the operator does, undone
+                for p in parts:
+                    setattr(p.attention, family.heads_attr, p.heads)
+    return seen
 
 
 def _mismatch(
@@ -256,44 +313,17 @@ def _mismatch(
     inputs: Mapping,
     heads: list[int] | None,
     ffn: list[int] | None,
+    masked: list[torch.Tensor] | None = None,
 ) -> tuple[str, int] | None:
-    """Runs 2 and 3 with ``heads`` (head features kept per layer) and/or ``ffn`` (neurons kept per layer) narrowed:
-    the outputs of every layer's attention output projection and ``fc2`` must agree, layer by layer (the final
-    output alone can hide a wrong head split under a classifier's small scale). Returns (what differs, index of the
-    first differing output: ``2 * layer`` for the output projection, ``2 * layer + 1`` for fc2), or None."""
-
-    def capture(store: list) -> Callable:
-        return lambda module, args, out: store.append(out.detach().clone())
-
-    def run(emulate: bool) -> list[torch.Tensor]:
-        seen: list[torch.Tensor] = []
-        with _Hooks() as hooks:
-            for i, p in enumerate(parts):
-                if heads is not None:
-                    if emulate:
-                        for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
-                            hooks.post(p.layer.get_submodule(name), _cut(heads[i]))
-                        if family.head_count_per_subnet:
-                            setattr(p.attention, family.heads_attr, heads[i] // p.head_size)
-                    hooks.pre(p.out, _pad(heads[i], p.heads * p.head_size) if emulate else _mask(heads[i]))
-                if ffn is not None:
-                    if emulate:
-                        hooks.post(p.fc1, _cut(ffn[i]))
-                    hooks.pre(p.fc2, _pad(ffn[i], p.ffn) if emulate else _mask(ffn[i]))
-                hooks.post(p.out, capture(seen))
-                hooks.post(p.fc2, capture(seen))
-            try:
-                seen.append(_run(model, inputs))
-            finally:
-                if family.head_count_per_subnet:  # what the converted attention does, undone
-                    for p in parts:
-                        setattr(p.attention, family.heads_attr, p.heads)
-        return seen
-
-    masked = run(emulate=False)
+    """Runs 2 and 3 with the same ``heads`` / ``ffn`` (run 3 unless given as ``masked``): the outputs of every
+    layer's attention output projection and ``fc2`` must agree, layer by layer (the final output alone can hide a
+    wrong head split under a classifier's small scale). Returns (what differs, index of the first differing output:
+    ``2 * layer`` for the output projection, ``2 * layer + 1`` for fc2), or None."""
+    if masked is None:
+        masked = _narrow_run(model, family, parts, inputs, heads, ffn, emulate=False)
     error, where = None, 0
     try:
-        emulated = run(emulate=True)
+        emulated = _narrow_run(model, family, parts, inputs, heads, ffn, emulate=True)
     except Exception as exc:  # a narrower projection that the model's code cannot reshape
         error = f"the forward fails ({type(exc).__name__}: {exc})"
     else:
