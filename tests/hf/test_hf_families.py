@@ -363,3 +363,12 @@ def test_deberta_reorder_moves_the_position_projections_with_their_heads(variant
         torch.testing.assert_close(
             main(model(**x, subnet=cfg)), main(model.export(cfg).eval()(**x)), atol=1e-6, rtol=0
         )
+
+
+@pytest.mark.parametrize("name", ["electra", "deberta-v2"])
+def test_low_precision_models_pass_the_verification(name):
+    original = build(name).to(torch.bfloat16)
+    model = subnetact.convert(copy.deepcopy(original))  # the verification compares at bf16's tolerance
+    x = inputs(name)
+    with torch.no_grad():
+        torch.testing.assert_close(main(model(**x)), main(original(**x)), atol=0, rtol=0)
