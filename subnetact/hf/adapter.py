@@ -1,4 +1,5 @@
-"""Conversion and export of Hugging Face encoders (BERT, RoBERTa, ViT) as DynaBERT-style supernets (issue 5).
+"""Conversion and export of Hugging Face encoders as DynaBERT-style supernets (issues 5 and 11), and
+:func:`register_family`, which installs them for model classes.
 
 Space of a converted model with ``L`` layers:
 
@@ -10,9 +11,11 @@ Space of a converted model with ``L`` layers:
 - the link ``width -> (heads, ffn)``: ``model.actuate(width=w)`` sets both, as DynaBERT's single width multiplier
   does; ``model.actuate(heads=..., ffn=...)`` sets them separately.
 
-Hidden size, embeddings and LayerNorms are not sliced. No custom attention operator is needed: every supported
-family reshapes q/k/v as ``view(B, T, -1, head_size)``, so narrower projections simply give fewer heads, with any
-attention implementation (eager, sdpa, ...).
+Hidden size, embeddings and LayerNorms are not sliced. No custom attention operator is needed where a family
+reshapes q/k/v as ``view(B, T, -1, head_size)`` (all but DeBERTa-v2): narrower projections simply give fewer heads,
+with any attention implementation (eager, sdpa, ...). A family with ``head_count_per_subnet`` (DeBERTa-v2) gets
+:class:`~subnetact.hf.head_count.HeadCount` on its attention. Every family is verified on the model before anything
+changes (:mod:`subnetact.hf.verify`).
 """
 
 from __future__ import annotations
