@@ -215,3 +215,38 @@ def test_close_twice_from_two_threads_is_safe(drain):
         t.join(T)
     assert all(f.done() for f in futs)
     assert s.metrics().total == 2_000
+
+
+class ArmedRaisingPolicy(MinCost):
+    """Decides normally until armed, then raises: the drop rule has already taken expired requests by then."""
+
+    armed = False
+
+    def decide(self, slack_s, queue_len, now):
+        if self.armed:
+            raise RuntimeError("policy bug after the drop rule")
+        return super().decide(slack_s, queue_len, now)
+
+
+def test_requests_dropped_in_the_step_where_the_policy_raises_still_complete():
+    gate, started = threading.Event(), threading.Event()
+
+    def gated(subnet_id, payloads):
+        started.set()
+        gate.wait(T)
+        return list(payloads)
+
+    policy = ArmedRaisingPolicy(PROFILE)
+    s = Scheduler(policy, [gated])
+    first = s.submit("first", slo_s=60.0)
+    assert started.wait(T)
+    late = s.submit("late", slo_s=1e-5)  # expired by the time the worker looks: taken by the drop rule
+    normal = s.submit("normal", slo_s=60.0)
+    policy.armed = True
+    gate.set()
+    assert first.result(T) == "first"
+    done, not_done = wait([late, normal], timeout=T)
+    assert not not_done  # the dropped request was not lost with the dying worker's step
+    assert isinstance(normal.exception(0), NoWorkersError)
+    assert isinstance(late.exception(0), (NoWorkersError, WorkerFailedError))
+    s.close(timeout=T)
