@@ -135,8 +135,8 @@ def convert(
     # Phase 1: analyse and validate (no mutation). A model adapter, if one is registered for the model's class,
     # replaces the analysis and is trusted to be exact (its own tests check parity with its reference).
     adapter = find_model_adapter(model)
-    if adapter is not None:
-        plan = adapter(model, config, filter_fn)
+    plan = None if adapter is None else adapter(model, config, filter_fn)
+    if plan is not None:
         apply_conversion(model, plan, config)
         return model
     with one_thread():
@@ -192,15 +192,16 @@ class ConversionPlan:
     links: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], ConversionPlan]
+ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], "ConversionPlan | None"]
 
 
 _ADAPTERS: ClassRegistry[ModelAdapter] = ClassRegistry()  # built-ins: subnetact/builtins.py
 
 
 def register_model_adapter(model_type: type | str) -> Callable[[ModelAdapter], ModelAdapter]:
-    """Decorator registering a whole-model analysis ``(model, config, filter_fn) -> ConversionPlan`` for a class
-    (or its ``"module.QualName"``), used instead of the generic block-rule analysis."""
+    """Decorator registering a whole-model analysis ``(model, config, filter_fn) -> ConversionPlan | None`` for a
+    class (or its ``"module.QualName"``), used instead of the default analysis; returning None hands the model to
+    the default analysis."""
     return _ADAPTERS.register(model_type)
 
 

@@ -4,8 +4,8 @@ Without this, such a model (``BertForMaskedLM``, a ``GPT2Model``) reaches the ge
 told to write a ``register_block_rule``, which cannot describe a transformer. This adapter is registered for
 ``transformers.modeling_utils.PreTrainedModel`` by name, so it is only found for Hugging Face classes that no
 family claims (a registered class is found first along the MRO). A model with an encoder-like layer list is refused
-with the :func:`subnetact.hf.register_family` call that would convert it; any other model goes on to the generic
-analysis, and its refusal, if any, gets the same hint appended.
+with the :func:`subnetact.hf.register_family` call that would convert it; any other model (a convolutional one)
+goes on to convert's default analysis.
 """
 
 from __future__ import annotations
@@ -66,20 +66,12 @@ def _hint(model: nn.Module) -> str:
 
 def unregistered_adapter(
     model: nn.Module, config: ConvertConfig, filter_fn: Callable[[nn.Module, str], bool] | None
-) -> ConversionPlan:
-    """Model adapter for Hugging Face classes without a family (see the module docstring)."""
-    from ..convert import analyse_blocks  # the core's generic analysis, looked up when used
-
+) -> ConversionPlan | None:
+    """Model adapter for Hugging Face classes without a family (see the module docstring): refuses a model with an
+    encoder-like layer list, and returns None for any other, so convert's default (traced, verified) analysis runs."""
     if _layer_lists(model):
         raise UnsupportedModelError(_hint(model))
-    try:
-        return analyse_blocks(model, config, filter_fn)
-    except UnsupportedModelError as exc:
-        raise UnsupportedModelError(
-            f"{exc}. If {type(model).__qualname__} is a transformer encoder, describe its layer with a "
-            f"subnetact.hf.TransformerFamily and call subnetact.hf.register_family(family, "
-            f"[{qualified_name(type(model))!r}]) (see docs/transformers.md)"
-        ) from exc
+    return None
 
 
 register_model_adapter(PRETRAINED_MODEL)(unregistered_adapter)
