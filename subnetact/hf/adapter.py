@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import sys
 from collections.abc import Callable
 
@@ -46,14 +47,23 @@ def active_neurons(width: float, size: int) -> int:
     return max(1, math.ceil(width * size - 1e-9))
 
 
+#: The oldest transformers release the Hugging Face support is tested with (CI's .ci/oldest.txt).
+MIN_TRANSFORMERS = (5, 9)
+
+
 def _check_transformers_version() -> None:
     # transformers 4.x BERT reshapes q/k/v with its fixed ``num_attention_heads`` (narrower projections would fail
-    # in view()) and lays ViT out differently; the model's own module is already imported, so this imports nothing.
+    # in view()); before 5.9 ViT keeps ``encoder.layer`` and ``attention_head_size`` instead of ``layers`` and
+    # ``head_dim``. The model's own module is already imported, so this imports nothing.
     version = getattr(sys.modules.get("transformers"), "__version__", None)
-    if version is not None and int(version.split(".")[0]) < 5:
+    if version is None:
+        return
+    parts = [int(p) for p in re.findall(r"\d+", version)[:2]]
+    if tuple(parts + [0] * (2 - len(parts))) < MIN_TRANSFORMERS:
+        wanted = ".".join(map(str, MIN_TRANSFORMERS))
         raise UnsupportedModelError(
-            f"transformers {version} is installed; subnetact's Hugging Face support needs transformers>=5 "
-            "(pip install -U 'transformers>=5')"
+            f"transformers {version} is installed; subnetact's Hugging Face support needs transformers>={wanted} "
+            f"(pip install -U 'transformers>={wanted}')"
         )
 
 
