@@ -11,11 +11,22 @@ Experiments (``--experiments a,b,c,d,e,f``):
 (f) actuation delay, Fig. 1c: a coarse-grained load-indexed policy (GearPlan) with 100 ms vs 0 ms switching delay,
     and SlackFit, on a bursty MAF window.
 
+Added by issue 12, each over ``--seeds`` (default 0 1 2), normally with ``--noise lognormal``:
+
+(g) system dynamics (E5 = Fig. 8c, E6 = Fig. 13): the share of requests each subnet serves, over time and in total,
+    for SlackFit and the literal rule, plus a rate sweep and SlackFit's choice table (why the 80.16 % subnet appears).
+(h) App. B (E10): MAF at 4000 q/s, SLO 30 ms, 6 workers; SlackFit vs Clipper+ on each subnet and INFaaS.
+(i) interference: half the workers 1.5x slower for the middle third of the bursty grid's traces; SlackFit with and
+    without a LatencyModel (and the same grid without interference).
+(j) the Clipper+(76.69) and Clipper+(78.25) drops of Fig. 9: their cells at 1x to 2.5x the paper's rates.
+
 Everything is seeded; every run uses 8 workers, the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
 h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms and the drop rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
+    python benchmarks/scheduling/reproduce.py --experiments g,h,i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_issue12.json
 """
 
 from __future__ import annotations
