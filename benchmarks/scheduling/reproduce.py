@@ -21,7 +21,7 @@ Added by issue 12, each over ``--seeds`` (default 0 1 2), normally with ``--nois
 (j) the Clipper+(76.69) and Clipper+(78.25) drops of Fig. 9: their cells at 1x to 2.5x the paper's rates.
 
 Everything is seeded; every run uses 8 workers, the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
-h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms and the drop rule. Example::
+h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
