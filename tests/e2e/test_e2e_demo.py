@@ -65,6 +65,7 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
     assert data["settings"]["rate"] == pytest.approx(derived.rate)
     assert data["settings"]["slo_ms"] == pytest.approx(1e3 * derived.slo_s)
     assert data["settings"]["load_from_profile"] == derived.describe()
+    assert "bursts: in" in text and 0.0 <= data["settings"]["windows_over_top_capacity"] <= 1.0
     assert (out / "dynamics.png").stat().st_size > 1000
 
 
