@@ -2,19 +2,22 @@
 
 ::
 
-    client --HTTP--> Ray's proxy --> Ingress replica(s)      the ServingApp front end (parsing, deadlines, errors)
-                                         |  submit(payload, deadline as wall-clock time)
-                                         v
-                                     Router (1 replica)      EDFQueue + policy, the shared scheduling.dispatch_step
-                                         |  run(subnet_id, payloads): one batch at a time per worker
-                                         v
-                                     Worker actors x N       each loads the supernet from a subnetact.save file
+    client --HTTP--> Ray's proxy (every node) --> Router (1 replica)  ServingApp front end + EDF queue + policy:
+                                                       |              the shared scheduling.dispatch_step
+                                                       |  run(subnet_id, payloads): one batch at a time per worker
+                                                       v
+                                                  Worker actors x N   each loads the model from a subnetact.save file
 
+- **The router is the ingress**: Ray's proxy terminates HTTP and forwards to the router replica, which runs the
+  :class:`~subnetact.serving.ServingApp` front end (parsing, deadlines, JSON errors, metrics) with itself as the
+  backend. A separate ingress deployment would cost one more actor call per request for no gain: the router must see
+  every request anyway.
 - **Model distribution.** A converted model does not pickle; workers get a :class:`~subnetact.serving.ModelSpec`
   (checkpoint path, factory, profile: plain data) and each loads the :func:`subnetact.save` file itself. The file
   must be readable at that path on every node (shared storage, or baked into the image).
-- **Deadlines** cross processes as wall-clock times (``time.time()``), converted to the router's
-  ``time.monotonic()`` on arrival; the request's budget starts when its headers reach the ingress.
+- **Deadlines** cross processes as wall-clock times (``time.time()``): :meth:`Router.submit` takes one from callers
+  in other processes or hosts and converts it to the router's ``time.monotonic()``. Over HTTP the budget starts when
+  the request reaches the router (Ray's proxy hop before that is not counted).
 - **Workers** are Ray actors owned by the router (not Serve replicas), so the router knows which one is free and
   sends each a batch only when it is idle, as in the paper. ``reconfigure({"num_workers": n})`` (Serve's
   ``user_config``) or :meth:`Router.scale` adds or removes workers while serving; a removed worker finishes its
@@ -43,8 +46,10 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
 from scheduling import (
     DeadlineMissedError,
     EDFQueue,
+    LatencyModel,
     NoWorkersError,
     QueueFullError,
+    SchedulerClosedError,
     WorkerFailedError,
     dispatch_step,
     plan_batch,
@@ -56,8 +61,6 @@ from .runner import ModelSpec
 
 __all__ = [
     "WORKER_NAMESPACE",
-    "Ingress",
-    "RayBackend",
     "Router",
     "Worker",
     "app_builder",
@@ -101,8 +104,12 @@ class _Request:
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=1, max_ongoing_requests=100_000)
+@serve.ingress()
 class Router:
-    """The one router: EDF queue + policy for all workers (see the module docstring).
+    """The one router and HTTP ingress: front end, EDF queue and policy for all workers (see the module docstring).
+
+    It is the :class:`~subnetact.serving.ServingApp`'s backend (``infer``, ``queue_len``, ``ready``, ``close``);
+    handle methods: :meth:`scale`, :meth:`stats`, :meth:`worker_names`, :meth:`submit`.
 
     Args:
         spec: The model; every worker builds it.
@@ -113,6 +120,9 @@ class Router:
             ``{"num_gpus": 1}``.
         name_prefix: Workers are named actors ``f"{name_prefix}-{i}"`` in the Ray namespace ``WORKER_NAMESPACE``
             (``ray.get_actor(name, namespace=WORKER_NAMESPACE)``).
+        app_options: Keyword arguments of :class:`~subnetact.serving.ServingApp` (``default_deadline_ms``...).
+        adaptive: Refine the profile from measured batch times with a :class:`scheduling.LatencyModel` (slow workers
+            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``.
     """
 
     def __init__(
@@ -124,10 +134,17 @@ class Router:
         max_queue: int = 1000,
         worker_options: dict[str, Any] | None = None,
         name_prefix: str = "subnetact-worker",
+        app_options: dict[str, Any] | None = None,
+        adaptive: bool = False,
     ) -> None:
         self.spec = spec
         self.profile = spec.load_profile()
         self.policy = make_policy(policy, self.profile)
+        # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
+        # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
+        self.latency_model = LatencyModel(self.profile) if adaptive else None
+        if self.latency_model is not None:
+            self.policy.update_profile(self.latency_model.prior)
         self.queue = EDFQueue(capacity=max_queue)
         self.worker_options = {"num_cpus": 1, **(worker_options or {})}
         self.name_prefix = name_prefix
@@ -137,8 +154,14 @@ class Router:
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self.counts = {"submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0}
+        self._observe_batch: Any = None
+        self._closing = False
         for w in self._start_workers(num_workers):
             self.workers[w.wid] = w
+        self.front_end = ServingApp(self, input_shape=spec.input_shape, **(app_options or {}))
+
+    def __serve_build_asgi_app__(self) -> ServingApp:
+        return self.front_end
 
     # ------------------------------------------------------------------ workers
     def _start_workers(self, n: int) -> list[_WorkerSlot]:
@@ -189,13 +212,19 @@ class Router:
 
     # ------------------------------------------------------------------ requests
     async def submit(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
-        """Queue one request with its wall-clock deadline; returns the worker's answer or raises a
-        :mod:`scheduling` error (``DeadlineMissedError``, ``QueueFullError``, ``NoWorkersError``,
-        ``WorkerFailedError``) or the model's exception."""
+        """Queue one request with its wall-clock deadline (for callers holding a handle instead of using HTTP);
+        returns the worker's answer or raises a :mod:`scheduling` error (``DeadlineMissedError``,
+        ``QueueFullError``, ``NoWorkersError``, ``WorkerFailedError``) or the model's exception."""
+        return await self.infer(payload, deadline_wall)
+
+    async def infer(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
+        """The front end's backend call: see :meth:`submit`."""
         self._ensure_loop()
         self.counts["submitted"] += 1
         req = _Request(asyncio.get_running_loop().create_future(), payload)
-        if not self.workers:
+        if self._closing:
+            self._complete(req, exc=SchedulerClosedError("the router is shutting down"))
+        elif not self.workers:
             self._complete(req, exc=NoWorkersError("no live worker; scale the router up"))
         elif len(self.queue) >= self.queue.capacity:
             self._complete(req, exc=QueueFullError(f"queue is full (max_queue={self.queue.capacity})"))
@@ -205,8 +234,24 @@ class Router:
             if self.policy.needs_arrivals:
                 self.policy.observe_arrivals(now, 1)
             self._kick()
-        answer = await req.future
-        return {**answer, "_router": {"queue_len": len(self.queue), "workers": len(self.worker_names())}}
+        return await req.future
+
+    def queue_len(self) -> int:
+        return len(self.queue)
+
+    def ready(self) -> bool:
+        return not self._closing and any(not w.retiring for w in self.workers.values())
+
+    def set_batch_observer(self, fn: Any) -> None:
+        self._observe_batch = fn
+
+    async def close(self) -> None:
+        """Stop accepting; serve (or drop, by deadline) what is queued; wait for the running batches (<= 60 s)."""
+        self._closing = True
+        limit = time.monotonic() + 60.0
+        while (self.queue or self._tasks) and self.workers and time.monotonic() < limit:
+            self._kick()
+            await asyncio.sleep(0.01)
 
     def _complete(self, req: _Request, result: Any = None, exc: BaseException | None = None) -> None:
         if req.future.done():  # the caller went away (cancelled); it was still counted once
@@ -246,7 +291,9 @@ class Router:
                 if not free:
                     break
                 now = time.monotonic()
-                step = dispatch_step(q, policy, now)  # the same step as scheduling.Scheduler and simulate()
+                w = free[0]
+                scale = 1.0 if self.latency_model is None else self.latency_model.slack_scale(w.wid)
+                step = dispatch_step(q, policy, now, scale)  # the same step as scheduling.Scheduler and simulate()
                 for e in step.expired:
                     slack_ms = 1e3 * (e[0] - now)
                     self._complete(
@@ -256,15 +303,17 @@ class Router:
                     if q:
                         timeout = step.wake_at - now
                     break
-                w = free[0]
                 w.busy = True
                 self.counts["batches"] += 1
+                if self._observe_batch is not None:
+                    self._observe_batch(len(step.batch))
                 task = asyncio.get_running_loop().create_task(self._run_batch(w, step.decision.subnet_id, step.batch))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
     async def _run_batch(self, w: _WorkerSlot, subnet_id: Any, batch: list) -> None:
         requests = [e[3] for e in batch]
+        t_start = time.monotonic()
         try:
             results = await w.actor.run.remote(subnet_id, [r.payload for r in requests])
         except _WORKER_DIED as exc:
@@ -275,6 +324,10 @@ class Router:
             for r in requests:
                 self._complete(r, exc=RuntimeError(f"worker {w.name} failed: {type(exc).__name__}: {exc}"))
         else:
+            t_done = time.monotonic()
+            model = self.latency_model
+            if model is not None and model.record(w.wid, subnet_id, len(requests), t_done - t_start, t_done):
+                model.replan(self.policy, t_done)
             for r, res in zip(requests, results, strict=True):
                 self._complete(r, res)
         finally:
@@ -293,47 +346,6 @@ class Router:
             self.queue.push(deadline, arrival, req)  # the drop rule decides whether it can still make it
 
 
-class RayBackend:
-    """The ingress side of the router: :class:`~subnetact.serving.ServingApp`'s backend on Ray."""
-
-    def __init__(self, router: Any, profile: Any) -> None:
-        self.router = router
-        self.profile = profile
-        self._queue_len = 0
-        self._workers = 1  # optimistic until the first answer says otherwise
-
-    async def infer(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
-        answer = await self.router.submit.remote(payload, deadline_wall)
-        info = answer.pop("_router")
-        self._queue_len, self._workers = info["queue_len"], info["workers"]
-        return answer
-
-    def queue_len(self) -> int:
-        return self._queue_len
-
-    def ready(self) -> bool:
-        return self._workers > 0
-
-    def set_batch_observer(self, fn: Any) -> None:
-        """Batches are formed in the router; see ``Router.stats``."""
-
-    async def close(self) -> None:
-        """The router owns the queue; nothing to drain here."""
-
-
-@serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
-@serve.ingress()
-class Ingress:
-    """The HTTP front end as a Serve ingress deployment (Ray's proxy in front; see :class:`ServingApp`)."""
-
-    def __init__(self, router: Any, spec: ModelSpec, app_options: dict[str, Any] | None = None) -> None:
-        self.backend = RayBackend(router, spec.load_profile())
-        self.front_end = ServingApp(self.backend, input_shape=spec.input_shape, **(app_options or {}))
-
-    def __serve_build_asgi_app__(self) -> ServingApp:
-        return self.front_end
-
-
 def build_app(
     spec: ModelSpec,
     *,
@@ -343,8 +355,10 @@ def build_app(
     worker_options: dict[str, Any] | None = None,
     name_prefix: str = "subnetact-worker",
     app_options: dict[str, Any] | None = None,
+    adaptive: bool = False,
 ) -> Any:
-    """The bound Serve application (ingress -> router -> workers) for ``serve.run``.
+    """The bound Serve application (Ray's proxy -> router -> workers) for ``serve.run``; the arguments are
+    :class:`Router`'s.
 
     Example::
 
@@ -352,15 +366,16 @@ def build_app(
         >>> serve.run(build_app(digits_spec(), num_workers=2), name="subnetact", route_prefix="/")
         >>> serve.get_deployment_handle("Router", "subnetact").scale.remote(3)   # add a worker while serving
     """
-    router = Router.bind(
+    return Router.bind(
         spec,
         policy=policy,
         num_workers=num_workers,
         max_queue=max_queue,
         worker_options=worker_options,
         name_prefix=name_prefix,
+        app_options=app_options,
+        adaptive=adaptive,
     )
-    return Ingress.bind(router, spec, app_options)
 
 
 def serve_batch_app(
@@ -374,17 +389,26 @@ def serve_batch_app(
 ) -> Any:
     """The baseline on the same engine: Ray's own ``@serve.batch`` forms batches; each batch runs through
     :func:`scheduling.plan_batch` with ``policy`` (``"fixed:<id>"``: Clipper+, one subnet; ``"slackfit"``: SlackFit on
-    a framework batcher). ``POST /`` with the same bodies as ``/predict``; answers as :class:`ServingApp`'s.
+    a framework batcher). The same HTTP front end (``POST /predict``...) runs in the model's replica.
     """
 
     @serve.deployment(num_replicas=num_replicas, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 1})
+    @serve.ingress()
     class BatchedModel:
+        """Ingress and model in one replica, as Ray Serve's own examples do."""
+
         def __init__(self) -> None:
             self.runner = spec.build()
-            self.policy = make_policy(policy, self.runner.profile)
+            self.profile = self.runner.profile
+            self.policy = make_policy(policy, self.profile)
+            self._observe_batch: Any = None
+            self.front_end = ServingApp(self, input_shape=spec.input_shape, default_deadline_ms=default_deadline_ms)
+
+        def __serve_build_asgi_app__(self) -> ServingApp:
+            return self.front_end
 
         @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)
-        async def infer(self, items: list[tuple[Any, float]]) -> list[Any]:
+        async def _batch(self, items: list[tuple[Any, float]]) -> list[Any]:
             answers: list[Any] = [None] * len(items)
             pending = list(range(len(items)))
             while pending:
@@ -392,29 +416,33 @@ def serve_batch_app(
                 for i in plan.drop:
                     answers[pending[i]] = DeadlineMissedError("dropped: the deadline can no longer be met")
                 if plan.run:
+                    if self._observe_batch is not None:
+                        self._observe_batch(len(plan.run))
                     outs = self.runner(plan.subnet_id, [items[pending[i]][0] for i in plan.run])
                     for i, out in zip(plan.run, outs, strict=True):
                         answers[pending[i]] = out
                 pending = [pending[i] for i in plan.defer]
             return answers
 
-        async def submit(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
-            answer = await self.infer((payload, deadline_wall))
+        async def infer(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
+            answer = await self._batch((payload, deadline_wall))
             if isinstance(answer, Exception):
                 raise answer
-            return {**answer, "_router": {"queue_len": 0, "workers": 1}}
+            return answer
 
-    @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1000)
-    @serve.ingress()
-    class BatchIngress:
-        def __init__(self, model: Any) -> None:
-            backend = RayBackend(model, spec.load_profile())
-            self.front_end = ServingApp(backend, input_shape=spec.input_shape, default_deadline_ms=default_deadline_ms)
+        def queue_len(self) -> int:
+            return 0  # @serve.batch's queue is not visible
 
-        def __serve_build_asgi_app__(self) -> ServingApp:
-            return self.front_end
+        def ready(self) -> bool:
+            return True
 
-    return BatchIngress.bind(BatchedModel.bind())
+        def set_batch_observer(self, fn: Any) -> None:
+            self._observe_batch = fn
+
+        async def close(self) -> None:
+            """Ray Serve drains the replica's ongoing requests itself."""
+
+    return BatchedModel.bind()
 
 
 def app_builder(args: dict[str, Any]) -> Any:

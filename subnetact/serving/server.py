@@ -15,6 +15,7 @@ exits. A second SIGINT exits at once.
 from __future__ import annotations
 
 import asyncio
+import math
 import signal
 import time
 from typing import Any
@@ -101,6 +102,15 @@ def make_server(
     """
     import uvicorn
 
+    for name, value, zero_ok in (
+        ("header_timeout_s", header_timeout_s, False),
+        ("keep_alive_s", keep_alive_s, False),
+        ("graceful_timeout_s", graceful_timeout_s, False),
+        ("drain_delay_s", drain_delay_s, True),
+    ):
+        bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        if bad or value < 0 or (value == 0 and not zero_ok):
+            raise ValueError(f"{name}={value!r} must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}")
     config = uvicorn.Config(
         app,
         host=host,
@@ -117,7 +127,7 @@ def make_server(
         exit_at: float | None = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if not app.draining and drain_delay_s > 0 and sig == signal.SIGTERM:
+            if self.exit_at is None and drain_delay_s > 0 and sig == signal.SIGTERM:  # first SIGTERM: delay
                 app.mark_unready()
                 self.exit_at = time.monotonic() + drain_delay_s
                 self._captured_signals.append(sig)

@@ -30,7 +30,7 @@ pytest.importorskip("prometheus_client")
 
 from scheduling import Profile  # noqa: E402
 from subnetact import digits  # noqa: E402
-from subnetact.serving import LocalBackend, ServingApp, encode_tensor, make_server  # noqa: E402
+from subnetact.serving import LocalBackend, ServingApp, SupernetRunner, encode_tensor, make_server  # noqa: E402
 from subnetact.serving.digits import INPUT_SHAPE, digits_spec, measure_digits_profile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ class _Served:
 
 @pytest.fixture(scope="module")
 def profile() -> Profile:
-    return measure_digits_profile(batch_sizes=(1, 4, 16), repeats=3)
+    return measure_digits_profile(batch_sizes=(1, 4, 16), repeats=2)
 
 
 @pytest.fixture(scope="module")
@@ -372,3 +372,53 @@ def test_sigterm_drains_the_entry_point(tmp_path, profile):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------------- bad arguments
+
+
+def test_bad_arguments_are_refused_naming_the_argument(runner, profile):
+    from subnetact.serving import ModelSpec, SupernetRunner, make_policy
+
+    with pytest.raises(
+        ValueError, match=r"policy='fastest' is not one of \['slackfit', 'maxacc', 'maxbatch', 'mincost', 'fixed:0'"
+    ):
+        make_policy("fastest", profile)
+    with pytest.raises(ValueError, match=r"factory='nomodule' must be 'module:callable'"):
+        ModelSpec("x.safetensors", "nomodule", profile, INPUT_SHAPE).build()
+    with pytest.raises(ValueError, match=r"input_shape=\(1, 0\) must be a non-empty sequence of positive ints"):
+        SupernetRunner(runner.model, profile, input_shape=(1, 0))
+    with pytest.raises(ValueError, match=r"postprocess='softmax' must be one of \['argmax', 'logits'\]"):
+        SupernetRunner(runner.model, profile, input_shape=INPUT_SHAPE, postprocess="softmax")
+    with pytest.raises(ValueError, match=r"workers=0 must be an int >= 1"):
+        LocalBackend(runner, profile, workers=0)
+    backend = LocalBackend(runner, profile)
+    try:
+        with pytest.raises(ValueError, match=r"max_body_bytes=0 must be an int >= 1"):
+            ServingApp(backend, input_shape=INPUT_SHAPE, max_body_bytes=0)
+        with pytest.raises(ValueError, match=r"default_deadline_ms=-1 must be a number of milliseconds > 0"):
+            ServingApp(backend, input_shape=INPUT_SHAPE, default_deadline_ms=-1)
+    finally:
+        backend.scheduler.close()
+
+
+def test_logits_postprocess_returns_the_model_output(runner, profile):
+    logits_runner = SupernetRunner(runner.model, profile, input_shape=INPUT_SHAPE, postprocess="logits")
+    x = _digit(3)
+    [answer] = logits_runner(2, [x])
+    with torch.inference_mode():
+        expected = runner.model(torch.from_numpy(x)[None], subnet=runner.configs[2])[0]
+    assert answer["subnet"] == 2 and answer["batch_size"] == 1
+    torch.testing.assert_close(torch.tensor(answer["output"]), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"header_timeout_s": 0}, r"header_timeout_s=0 must be a finite number of seconds > 0"),
+        ({"drain_delay_s": -0.5}, r"drain_delay_s=-0.5 must be a finite number of seconds >= 0"),
+    ],
+)
+def test_bad_server_options_are_refused(option, match):
+    with pytest.raises(ValueError, match=match):
+        make_server(None, **option)

@@ -1,6 +1,7 @@
-"""SuperServe's architecture on a local Ray Serve cluster: HTTP through Ray's proxy to the ingress, one router, two
-workers of the digits supernet; one worker is killed mid-burst. Every request gets exactly one valid answer, the
-survivor keeps serving, a worker is added while serving, and shutdown is clean.
+"""SuperServe's architecture on a local Ray Serve cluster: HTTP through Ray's proxy to the router (the ingress, with
+the EDF queue and SlackFit), two workers of the digits supernet; one worker is killed mid-burst. Every request gets
+exactly one valid answer, the survivor keeps serving, a worker is added and one removed while serving, and shutdown
+is clean.
 
 Starts Ray inside the test (``ray.init(num_cpus=2)``, no dashboard, loopback only). Deselect with ``-m "not ray"``.
 """
@@ -52,7 +53,7 @@ def test_router_and_two_workers_survive_a_killed_worker():
     from subnetact.serving.ray_serve import WORKER_NAMESPACE, build_app
 
     torch.set_num_threads(1)
-    spec = digits_spec(measure_digits_profile(batch_sizes=(1, 4, 16), repeats=3), threads=1)
+    spec = digits_spec(measure_digits_profile(batch_sizes=(1, 4, 16), repeats=2), threads=1)
     reference = spec.build()  # the same model in this process: what each subnet must answer
     images, labels = digits.test_split()
     inputs = digits.to_input(images[:96]).numpy()
@@ -62,7 +63,11 @@ def test_router_and_two_workers_survive_a_killed_worker():
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         app = build_app(
-            spec, num_workers=2, worker_options={"num_cpus": 0.5}, app_options={"default_deadline_ms": 20000.0}
+            spec,
+            num_workers=2,
+            worker_options={"num_cpus": 0.5},
+            app_options={"default_deadline_ms": 20000.0},
+            adaptive=True,  # the router refines the profile from the batch times it measures
         )
         serve.run(app, name="subnetact", route_prefix="/")
         router = serve.get_deployment_handle("Router", app_name="subnetact")
@@ -112,6 +117,10 @@ def test_router_and_two_workers_survive_a_killed_worker():
         assert status == 504 and answer["error"] == "deadline missed", answer
         stats = router.stats.remote().result()
         assert stats["submitted"] == stats["completed"] == 137 and stats["queue_len"] == 0, stats
+        # remove a worker while serving: the other one keeps answering
+        assert len(router.scale.remote(1).result()) == 1
+        assert _post(port, inputs[1].tolist())[0] == 200
+        assert len(router.stats.remote().result()["workers"]) == 1
     finally:
         serve.shutdown()
         ray.shutdown()
