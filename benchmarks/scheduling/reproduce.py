@@ -491,10 +491,10 @@ def slackfit_choice_table(queue_lens=(1, 2, 4, 8, 16, 17, 32), slacks_ms=(6, 10,
     }
 
 
-def _strip(rows: list[dict], keep_timeline: bool = False) -> None:
-    """Drop per-run time series that the JSON does not need."""
+def _strip(rows: list[dict]) -> None:
+    """Drop the per-run time series that the JSON does not need."""
     for r in rows:
-        for k in ("rate", "windows", "decisions", "share_series") if not keep_timeline else ():
+        for k in ("rate", "windows", "decisions", "share_series", "requests_by_subnet_batch"):
             r.pop(k, None)
 
 
@@ -689,7 +689,7 @@ def exp_i(args) -> dict:
                         )
     res = run_all(jobs, args.jobs)
     for r in res:
-        r["during"] = _phase_attainment(r, start, end + 0.036)
+        r["during"] = _phase_attainment(r, start, end + SLO)  # + SLO: requests started in the window finish after it
         r["outside"] = _phase_attainment(r, 0.0, start)
     _strip(res)
     cells = []
