@@ -121,10 +121,7 @@ class SupernetMixin:
                     cache[key] = config
         else:
             raise InvalidSubnetError("actuate() needs a config or at least one of depth=, width=")
-        plan = state.plan_for(config)
-        state.default = plan
-        state.default_config = plan.config
-        return plan.config
+        return state.activate(config).config
 
     def export(self, config: SubnetConfig | None = None) -> nn.Module:
         """The subnet as a plain, independent module (e.g. a ``torchvision.models.ResNet``); see
