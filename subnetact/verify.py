@@ -41,7 +41,8 @@ def one_thread() -> Iterator[None]:
     """Run the block's forwards on one intra-op thread, then restore the setting.
 
     Why: convert's forwards are tiny (batch 1, 32 px images), where thread synchronisation costs more than it saves;
-    on a loaded 2-core machine resnet50's convert took 9.5 s with 2 threads and 0.62 s with one.
+    on a loaded 2-core machine resnet50's convert took 9.5 s with 2 threads and 0.62 s with one. The setting is
+    process-wide: forwards that other threads run while ``convert`` is verifying also use one thread meanwhile.
     """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
