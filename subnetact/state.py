@@ -23,6 +23,7 @@ import torch
 from .config import SubnetConfig
 from .errors import InvalidSubnetError, UncalibratedSubnetWarning
 from .space import Space
+from .weight_cache import WeightCache, default_budget_bytes
 
 # Plans for configs that are not registered are cached in an LRU of this size (registered ones are pinned).
 PLAN_CACHE_SIZE = 1024
@@ -90,6 +91,8 @@ class ActuationState:
         self.max_config = space.max()
         self.default_config = self.max_config
         self.default: Plan = None  # type: ignore[assignment]  # compiled by ``invalidate`` once operators are wired
+        # Contiguous copies of registered subnets' strided weight slices (issue 16); ``model.set_weight_cache(mb)``
+        self.weight_cache = WeightCache(ops, default_budget_bytes(ops))
 
     # -- the hot path --------------------------------------------------------------------------------------------
     def current(self) -> Plan:
@@ -183,6 +186,7 @@ class ActuationState:
         with self._lock:
             self._pinned.clear()
             self._lru.clear()
+        self.weight_cache.clear()  # copies of tensors that may have been replaced or reloaded
         self.default = self.plan_for(self.default_config)
 
     # -- copying -------------------------------------------------------------------------------------------------
@@ -204,6 +208,7 @@ class ActuationState:
         # every copied module exists.
         new.default_config = self.default_config
         new.default = None  # type: ignore[assignment]
+        new.weight_cache = WeightCache(new.ops, self.weight_cache.budget_bytes)
         return new
 
     def __getstate__(self) -> dict:

@@ -42,6 +42,9 @@ class WeightSlice(Operator):
         self.weight = base.weight
         self.bias = base.bias
         self.training = base.training
+        # (k_out, k_in) -> (contiguous copy of the slice, weight version, weight data_ptr); filled and emptied by the
+        # model's WeightCache (registered subnets only, within its budget).
+        self._weight_copies: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
 
     def _out_in(self, sizes: list[int]) -> tuple[int, int]:
         out_k = self.weight.shape[0] if self.out_group is None else sizes[self.out_group]
@@ -54,12 +57,13 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
 
     Shapes: ``x`` (N, k_in, H, W) -> (N, k_out, H', W').
 
-    Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``): a prefix along the output dimension
-    is a contiguous view and runs the normal convolution. A slice of the input dimension is a strided view; for a
-    1x1 convolution (stride 1, no padding) it runs as one GEMM reading the strided weight in place
-    (``matmul(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the convolution here; other
-    shapes pass the view to ``F.conv2d``, which packs it (the same cost as the packing it does for a contiguous
-    weight on this CPU build).
+    Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``, ``benchmarks/bench_ofa.py``, issue
+    16): a prefix along the output dimension is a contiguous view and runs the normal convolution. A slice of the
+    input dimension is a strided view; for a 1x1 convolution (stride 1, no padding) it runs as one GEMM reading the
+    strided weight in place (``mm(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the
+    convolution. Other shapes need a contiguous weight: ``F.conv2d`` copies the view into a fresh allocation on
+    every call, so for registered subnets the model's weight cache keeps that copy (within the budget of
+    ``model.set_weight_cache``) and the layer runs the extracted layer's kernel on it; the rest pass the view.
     """
 
     @classmethod
@@ -118,6 +122,14 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
         return (out_k, in_k, groups, weight, bias, gemm, kernel)
 
+    def cacheable_slice(self, entry: tuple) -> tuple[tuple[int, int], torch.Tensor] | None:
+        """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
+        every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
+        out_k, in_k, _, weight, _, gemm, kernel = entry
+        if gemm or kernel is not None or weight.is_contiguous():
+            return None
+        return (out_k, in_k), weight
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_k, in_k, groups, weight, bias, gemm, kernel = self._subnetact_state.current().entries[self._op_index]
         if kernel is not None and x.dtype == self.weight.dtype:  # (dtypes differ under autocast: PyTorch's path)
@@ -131,6 +143,14 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
             weight, bias, groups = self._slice(out_k, in_k)
             if gemm:
                 weight = weight[:, :, 0, 0]
+        elif self._weight_copies and not self.training:
+            copy = self._weight_copies.get((out_k, in_k))
+            if copy is not None:
+                # The copy stands for the weight as it was when copied: re-copy if it changed in place since.
+                if copy[1] == self.weight._version and copy[2] == self.weight.data_ptr():
+                    weight = copy[0]
+                else:
+                    weight = self._subnetact_state.weight_cache.refresh(self, out_k, in_k, weight)
         if gemm and x.is_contiguous():
             n, _, h, w = x.shape
             if n == 1:
