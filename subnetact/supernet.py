@@ -44,8 +44,9 @@ class SupernetMixin:
             plan = pinned  # a forward inside a pinned region (calibration, or a model that calls itself)
         else:
             plan = state.default
-        if plan.calibrated and not self.training and not torch.is_grad_enabled():
-            state.weight_cache.use(plan)  # a registered subnet, served: copies of its strided weight slices
+        if pinned is None and plan.calibrated and not self.training and not torch.is_grad_enabled():
+            # A registered subnet served (not calibrating): copies of its strided weight slices, within the budget.
+            state.weight_cache.use(plan)
         local.plan = plan
         try:
             return super().forward(*args, **kwargs)

@@ -159,19 +159,19 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
             if op is not None:  # sliced implicit-GEMM conv reading W[:k_out, :k_in] in place; bias in its epilogue
                 padding = [0, 0] if self.padding == "valid" else list(self.padding)
                 kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
-        return (out_k, in_k, groups, weight, bias, gemm, kernel, unfold_weight)
+        return (out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
 
     def cacheable_slice(self, entry: tuple) -> tuple[tuple[int, int], torch.Tensor] | None:
         """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
         every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
-        out_k, in_k, _, weight, _, gemm, kernel, _ = entry
+        out_k, in_k, _, weight, _, gemm, _, kernel = entry
         if gemm or kernel is not None or weight.is_contiguous():
             return None
         return (out_k, in_k), weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         entry = self._subnetact_state.current().entries[self._op_index]
-        out_k, in_k, groups, weight, bias, gemm, kernel, unfold_weight = entry
+        out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel = entry
         if kernel is not None and x.dtype == self.weight.dtype:  # (dtypes differ under autocast: PyTorch's path)
             op, in_per_group, stride, padding, dilation, groups = kernel
             # The full Parameters go in (the op slices them), so gradients reach the shared weight.
