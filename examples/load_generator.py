@@ -1,11 +1,11 @@
-"""Open-loop load generator for ``examples/http_server.py``: a bursty trace of test-set digits over HTTP.
+"""Open-loop load generator for the HTTP front end: a bursty trace of test-set digits over HTTP.
 
-    python examples/http_server.py --port 8080 &
-    python examples/load_generator.py --url http://127.0.0.1:8080 --rate 300 --duration 10 --deadline-ms 50
+    python examples/http_server.py --port 8000 &
+    python examples/load_generator.py --url http://127.0.0.1:8000 --rate 300 --duration 10 --deadline-ms 50
 
 Requests are sent at the trace's arrival times (open loop: a slow server does not slow the sender down) from a pool
-of threads using ``urllib``. It prints the HTTP status counts, the fraction answered on time, accuracy against the
-true labels of the on-time answers, latency percentiles and which subnets served them.
+of threads using ``urllib``, each with its deadline budget. It prints the HTTP status counts, the fraction answered
+on time, accuracy against the true labels of the on-time answers, latency percentiles and which subnets served them.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ def run(
 ) -> list[Outcome]:
     """Replay a bursty trace against ``url`` (the server's base URL); one :class:`Outcome` per request."""
     images, labels = digits.test_split()
+    inputs = digits.to_input(images).numpy()  # (N, 1, 8, 8) in [0, 1]: what the server's model takes
     arrivals = traces.bursty(rate / 2, rate / 2, cv2=cv2, duration_s=duration_s, seed=seed)
     rng = random.Random(seed)
     picks = [rng.randrange(len(labels)) for _ in arrivals]
@@ -58,7 +59,7 @@ def run(
         start = time.monotonic()
         status, answer = post(
             url.rstrip("/") + "/predict",
-            {"image": images[k].reshape(-1).tolist(), "deadline_ms": deadline_ms},
+            {"input": inputs[k].tolist(), "deadline_ms": deadline_ms},
             timeout=max(10.0, 20 * deadline_ms / 1e3),
         )
         latency = 1e3 * (time.monotonic() - start)
@@ -102,7 +103,7 @@ def summarize(outcomes: list[Outcome]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default="http://127.0.0.1:8080")
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--rate", type=float, default=300.0, help="mean requests/s")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds")
     parser.add_argument("--deadline-ms", type=float, default=50.0)

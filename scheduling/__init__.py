@@ -9,12 +9,18 @@ Main pieces:
 - Policies: :class:`SlackFit`, :class:`MaxAcc`, :class:`MaxBatch`, :class:`Fixed` (Clipper+), :class:`MinCost`
   (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
 - :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
+- :func:`dispatch_step`: the one drop/decide/pop step every scheduler here runs (live, simulated, Ray router).
+- :func:`plan_batch`: the same step for a batch a serving framework already formed (Ray ``@serve.batch``, Triton).
 - :class:`Scheduler`: the live, thread-based scheduler returning ``concurrent.futures.Future`` objects.
-- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code.
+- :class:`LatencyModel`: online latency estimates fed by measured service times (adaptive planning).
+- :func:`simulate`: a deterministic discrete-event simulator driving the same policy and queue code; it can inject
+  :class:`Interference` (a time-varying slowdown per worker).
 - :mod:`scheduling.traces` and :mod:`scheduling.datasets`: seeded traces and the shipped data.
 """
 
 from . import datasets, traces
+from .batcher import BatchPlan, plan_batch
+from .dispatch import Step, dispatch_step
 from .edf import EDFQueue
 from .errors import (
     DeadlineMissedError,
@@ -30,22 +36,26 @@ from .errors import (
     WorkerResultError,
 )
 from .gearplan import GearPlan
+from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsSummary, OutcomeRecord
 from .policies import Decision, Fixed, MaxAcc, MaxBatch, MinCost, Policy
 from .profile import LatencyStats, Profile, PropertyReport, PropertyViolation, Subnet, synthetic_profile
 from .scheduler import Scheduler
-from .simulator import SimConfig, SimResult, simulate
+from .simulator import Interference, SimConfig, SimResult, simulate
 from .slackfit import SlackFit
 
 __all__ = [
+    "BatchPlan",
     "DeadlineMissedError",
     "Decision",
     "DecisionRecord",
     "EDFQueue",
     "Fixed",
     "GearPlan",
+    "Interference",
     "InvalidProfileError",
     "InvalidRequestError",
+    "LatencyModel",
     "LatencyStats",
     "MaxAcc",
     "MaxBatch",
@@ -65,11 +75,14 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "SlackFit",
+    "Step",
     "Subnet",
     "UnknownSubnetError",
     "WorkerFailedError",
     "WorkerResultError",
     "datasets",
+    "dispatch_step",
+    "plan_batch",
     "simulate",
     "synthetic_profile",
     "traces",

@@ -76,6 +76,11 @@ class GearPlan(Policy):
         self.hysteresis_s = float(hysteresis_s)
         self.reset()
 
+    def _rebuild(self) -> None:
+        # The gears (QPS ranges) stay as planned; each gear's batch choice follows the new latencies.
+        for f in getattr(self, "_fixed", ()):
+            f.update_profile(self.profile)
+
     @classmethod
     def from_profile(
         cls,

@@ -115,19 +115,57 @@ class Policy(ABC):
         if not isinstance(profile, Profile):
             raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
         _check_stat(latency_stat)
-        self.profile = profile
         self.latency_stat: LatencyStat = latency_stat
         self.queue_aware = bool(queue_aware)
+        self._load(profile)
+
+    def _load(self, profile: Profile) -> None:
+        """Derive the candidate list and the queue-length classes from ``profile``."""
+        self.profile = profile
         bs = profile.batch_sizes
         self._batch_sizes = bs
         self._max_batch = bs[-1]
         last = len(bs) - 1
         self._k_last = last
         # _k_of[q] = index of the smallest profiled batch size >= q, for q in 1..max batch; O(1) in decide().
-        self._k_of = [last] + [bisect_left(bs, q) if queue_aware else last for q in range(1, bs[-1] + 1)]
+        self._k_of = [last] + [bisect_left(bs, q) if self.queue_aware else last for q in range(1, bs[-1] + 1)]
+        stat = self.latency_stat
         self._all = [
-            _Choice(s.id, b, st.stat(latency_stat), s.accuracy) for s in profile.subnets for b, st in s.latency.items()
+            _Choice(s.id, b, st.stat(stat), s.accuracy) for s in profile.subnets for b, st in s.latency.items()
         ]
+
+    def update_profile(self, profile: Profile) -> None:
+        """Re-plan with new latencies: replace the profile and rebuild the decision tables.
+
+        The new profile must have the same subnet ids, accuracies and batch sizes (only latencies may change), so
+        state that refers to them (a :class:`Fixed` subnet, :class:`~scheduling.GearPlan` gears, the measured rate)
+        stays valid. This is how :class:`~scheduling.LatencyModel` estimates reach a policy; the caller makes it
+        atomic with respect to :meth:`decide` (the live :class:`~scheduling.Scheduler` holds its lock).
+
+        Raises:
+            InvalidProfileError: ``profile`` is not a :class:`~scheduling.Profile` with the same subnets, accuracies
+                and batch sizes; the policy is unchanged.
+        """
+        if not isinstance(profile, Profile):
+            raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
+        old = self.profile
+        for a, b in zip(old.subnets, profile.subnets, strict=False):
+            if a.id != b.id or a.accuracy != b.accuracy or tuple(a.latency) != tuple(b.latency):
+                raise InvalidProfileError(
+                    f"update_profile needs the same subnets, accuracies and batch sizes as the current profile; "
+                    f"subnet {a.id!r} (accuracy {a.accuracy}, batches {list(a.latency)}) became {b.id!r} "
+                    f"(accuracy {b.accuracy}, batches {list(b.latency)})"
+                )
+        if len(old.subnets) != len(profile.subnets):
+            raise InvalidProfileError(
+                f"update_profile needs the same {len(old.subnets)} subnets as the current profile, got "
+                f"{len(profile.subnets)}"
+            )
+        self._load(profile)
+        self._rebuild()
+
+    def _rebuild(self) -> None:  # noqa: B027 - subclasses with tables override it
+        """Build the decision tables from ``self._all`` (called by ``__init__`` and :meth:`update_profile`)."""
 
     # --------------------------------------------------------------- helpers for subclasses
     def _classes(self) -> range:
@@ -187,9 +225,16 @@ class Policy(ABC):
 
 
 class _KeyedPolicy(Policy):
-    """A policy that picks, among the candidates that fit, the maximum under a lexicographic key."""
+    """A policy that picks, among the candidates that fit, the maximum under a lexicographic key.
 
-    def _build(self, key: Callable[[_Choice], Any], subnet_id: SubnetId | None = None) -> None:
+    Subclasses set ``_key`` (and ``_only``, a subnet id or ``None``) and then call :meth:`_rebuild`.
+    """
+
+    _key: Callable[[_Choice], Any]
+    _only: SubnetId | None = None
+
+    def _rebuild(self) -> None:
+        key, subnet_id = self._key, self._only
         tables: list[_PrefixBest | None] = [None] * len(self._batch_sizes)
         for k in self._classes():
             tables[k] = _PrefixBest(self._candidates(k, subnet_id), key)
@@ -230,7 +275,8 @@ class MaxAcc(_KeyedPolicy):
 
     def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
         super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
-        self._build(lambda c: (c.accuracy, c.batch, -c.latency))
+        self._key = lambda c: (c.accuracy, c.batch, -c.latency)
+        self._rebuild()
 
 
 class MaxBatch(_KeyedPolicy):
@@ -242,7 +288,8 @@ class MaxBatch(_KeyedPolicy):
 
     def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
         super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
-        self._build(lambda c: (c.batch, c.accuracy, -c.latency))
+        self._key = lambda c: (c.batch, c.accuracy, -c.latency)
+        self._rebuild()
 
 
 class Fixed(_KeyedPolicy):
@@ -260,8 +307,9 @@ class Fixed(_KeyedPolicy):
     ) -> None:
         super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
         profile.index_of(subnet_id)  # raises UnknownSubnetError with the known ids
-        self.subnet_id = subnet_id
-        self._build(lambda c: (c.batch, -c.latency), subnet_id)
+        self.subnet_id = self._only = subnet_id
+        self._key = lambda c: (c.batch, -c.latency)
+        self._rebuild()
 
     def __repr__(self) -> str:
         return f"Fixed(subnet_id={self.subnet_id!r}, latency_stat={self.latency_stat!r})"

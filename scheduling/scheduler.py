@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from .dispatch import dispatch_step
 from .edf import EDFQueue, Entry
 from .errors import (
     DeadlineMissedError,
@@ -32,6 +33,7 @@ from .errors import (
     WorkerFailedError,
     WorkerResultError,
 )
+from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsRecorder, MetricsSummary
 from .policies import Policy
 from .profile import SubnetId
@@ -65,6 +67,9 @@ class Scheduler:
         default_slo_s: SLO used when :meth:`submit` gets neither ``slo_s`` nor ``deadline``. Default ``None`` (one
             of them is then required).
         record_timeline: Keep a :class:`~scheduling.metrics.DecisionRecord` per batch (see :meth:`timeline`).
+        latency_model: Adaptive planning: a :class:`~scheduling.LatencyModel` built on ``policy.profile``. Each
+            batch's measured service time (the worker call) is fed to it, it re-plans the policy when its estimates
+            move, and each worker decides with its own slowdown factor. ``None`` (default): the static profile.
 
     Example::
 
@@ -86,6 +91,7 @@ class Scheduler:
         drop_late: bool = True,
         default_slo_s: float | None = None,
         record_timeline: bool = False,
+        latency_model: LatencyModel | None = None,
     ) -> None:
         if not isinstance(policy, Policy):
             raise InvalidRequestError(f"policy must be a scheduling Policy, got {type(policy).__name__}")
@@ -97,8 +103,16 @@ class Scheduler:
         for i, fn in enumerate(workers):
             if not callable(fn):
                 raise InvalidRequestError(f"workers[{i}] must be callable fn(subnet_id, payloads), got {fn!r}")
+        if latency_model is not None:
+            if not isinstance(latency_model, LatencyModel):
+                raise InvalidRequestError(
+                    f"latency_model must be a LatencyModel or None, got {type(latency_model).__name__}"
+                )
+            latency_model.reset()
+            policy.update_profile(latency_model.prior)  # raises if the model was built on another profile
         policy.reset()
         self.policy = policy
+        self.latency_model = latency_model
         self.default_slo_s = default_slo_s
         self._clock = time.monotonic
         self._cond = threading.Condition(threading.Lock())
@@ -227,7 +241,7 @@ class Scheduler:
     # ------------------------------------------------------------------ the worker loop
     def _run(self, w: _Worker) -> None:
         cond, q, policy, clock, metrics = self._cond, self._queue, self.policy, self._clock, self._metrics
-        decide, min_latency, drop_late = policy.decide, policy.min_latency, q.drop_late
+        model = self.latency_model
         while True:
             expired: list[Entry] = []
             batch: list[Entry] | None = None
@@ -239,25 +253,19 @@ class Scheduler:
                     timeout = None
                     if q:
                         now = clock()
-                        if drop_late:
-                            while q:
-                                dropped = q.expire(now, min_latency(len(q)))
-                                if not dropped:
-                                    break
-                                expired += dropped
-                        if q:
-                            qlen = len(q)
-                            d = decide(q.peek_deadline() - now, qlen, now)
-                            if d is not None:
-                                batch = q.pop_batch(d.batch_size)
-                                metrics.record_decision(now, w.wid, d.subnet_id, len(batch), qlen, d.latency_s)
-                                break
-                            # The policy waits: look again when the head would have to be dropped.
-                            timeout = max(q.peek_deadline() - min_latency(qlen) - now, 1e-4)
+                        # A worker the latency model finds slower plans with proportionally less slack.
+                        step = dispatch_step(q, policy, now, 1.0 if model is None else model.slack_scale(w.wid))
+                        expired += step.expired
+                        d = step.decision
+                        if d is not None:
+                            batch = step.batch
+                            metrics.record_decision(now, w.wid, d.subnet_id, len(batch), step.queue_len, d.latency_s)
+                            break
                         if expired:
                             break
                         if not q:
                             continue
+                        timeout = step.wake_at - now  # the policy waits: look again when the head must be dropped
                     self._idle += 1
                     cond.wait(timeout)
                     self._idle -= 1
@@ -282,6 +290,7 @@ class Scheduler:
             self._metrics.record_cancel(self._clock(), cancelled)
         if not entries:
             return True
+        t_start = self._clock()
         try:
             results = w.fn(d.subnet_id, payloads)
             if not isinstance(results, Sequence):
@@ -301,6 +310,11 @@ class Scheduler:
                 return False
             return True
         t_done = self._clock()
+        model = self.latency_model
+        if model is not None:
+            with self._cond:
+                if model.record(w.wid, d.subnet_id, len(entries), t_done - t_start, t_done):
+                    model.replan(self.policy, t_done)
         self._metrics.record_served(t_done, entries, d.accuracy)
         for e, r in zip(entries, results, strict=True):
             e[3][0].set_result(r)

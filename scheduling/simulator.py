@@ -16,14 +16,54 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from .dispatch import dispatch_step
 from .edf import EDFQueue
 from .errors import InvalidRequestError
+from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsRecorder, MetricsSummary, OutcomeRecord
 from .policies import Policy
 
-__all__ = ["SimConfig", "SimResult", "simulate"]
+__all__ = ["Interference", "SimConfig", "SimResult", "simulate"]
 
 _INF = math.inf
+
+
+@dataclass(frozen=True)
+class Interference:
+    """A slowdown of some workers for a time window (a co-located job, a noisy neighbour, a thermal limit).
+
+    A batch that *starts* at time ``t`` with ``start_s <= t < end_s`` on one of ``workers`` takes ``factor`` times its
+    sampled latency. Overlapping windows multiply. The policy is not told: only a
+    :class:`~scheduling.LatencyModel` fed by the measured times can notice.
+
+    Args:
+        start_s: Start of the window, in seconds (>= 0).
+        end_s: End of the window, in seconds (> ``start_s``; ``inf`` allowed).
+        factor: Slowdown factor (> 0; 1.5 means 50 % slower, < 1 a speed-up).
+        workers: Indices of the affected workers (``0 .. num_workers - 1``); ``None`` (default) means all of them.
+    """
+
+    start_s: float
+    end_s: float
+    factor: float
+    workers: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        a, b, f = self.start_s, self.end_s, self.factor
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < math.inf:
+            raise InvalidRequestError(f"Interference start_s must be a finite time >= 0, got {a!r}")
+        if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > a:
+            raise InvalidRequestError(f"Interference end_s must be a time > start_s={a!r}, got {b!r}")
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
+            raise InvalidRequestError(f"Interference factor must be a finite number > 0, got {f!r}")
+        if self.workers is not None:
+            ws = tuple(self.workers)
+            if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ws):
+                raise InvalidRequestError(
+                    f"Interference workers must be None or a non-empty sequence of worker indices >= 0, "
+                    f"got {self.workers!r}"
+                )
+            object.__setattr__(self, "workers", ws)
 
 
 @dataclass(frozen=True)
@@ -42,6 +82,8 @@ class SimConfig:
             systems that load models; SubNetAct's is ~0). A worker's first batch pays none. Default 0.
         worker_failures: Times (seconds) at which a worker dies; each kills the highest-numbered live worker. Its
             running batch, if any, fails. Default none.
+        interference: :class:`Interference` windows slowing some workers down; the policy decides from its profile
+            (and a :class:`~scheduling.LatencyModel`, if :func:`simulate` got one) without being told. Default none.
         seed: Seed of the simulator's random generator (latency noise). Default 0.
         record_timeline: Keep per-batch :class:`~scheduling.metrics.DecisionRecord` and per-outcome
             :class:`~scheduling.metrics.OutcomeRecord` lists (for dynamics plots). Default ``False``.
@@ -53,6 +95,7 @@ class SimConfig:
     latency_noise: Literal["none", "lognormal"] = "none"
     actuation_delay_s: float = 0.0
     worker_failures: Sequence[float] = ()
+    interference: Sequence[Interference] = ()
     seed: int = 0
     record_timeline: bool = False
 
@@ -73,6 +116,15 @@ class SimConfig:
             if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
                 raise InvalidRequestError(f"worker_failures must be finite times >= 0, got {self.worker_failures!r}")
         object.__setattr__(self, "worker_failures", tuple(sorted(float(t) for t in fails)))
+        windows = tuple(self.interference)
+        for i, win in enumerate(windows):
+            if not isinstance(win, Interference):
+                raise InvalidRequestError(f"interference[{i}] must be an Interference, got {type(win).__name__}")
+            if win.workers is not None and max(win.workers) >= n:
+                raise InvalidRequestError(
+                    f"interference[{i}] names worker {max(win.workers)}, but num_workers={n} (indices 0..{n - 1})"
+                )
+        object.__setattr__(self, "interference", windows)
 
 
 @dataclass(frozen=True)
@@ -103,7 +155,9 @@ def _check_arrivals(arrivals: Sequence[float]) -> None:
         prev = t
 
 
-def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> SimResult:
+def simulate(
+    policy: Policy, arrivals: Sequence[float], config: SimConfig, *, latency_model: LatencyModel | None = None
+) -> SimResult:
     """Run ``policy`` on the arrival times ``arrivals`` (seconds, sorted) under ``config``.
 
     Every request ends exactly once: on time, late, dropped (drop rule), or failed (its worker died, or no worker was
@@ -113,6 +167,10 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
         policy: Any :class:`~scheduling.policies.Policy`; :meth:`~scheduling.policies.Policy.reset` is called first.
         arrivals: Sorted, finite arrival times in seconds.
         config: A :class:`SimConfig`.
+        latency_model: Adaptive planning: a :class:`~scheduling.LatencyModel` built on ``policy.profile``. It is reset,
+            fed each batch's simulated service time when the batch completes, and re-plans the policy through
+            :meth:`~scheduling.Policy.update_profile`; each worker decides with its own slowdown factor. At the end the
+            policy is left planning with the model's prior. ``None`` (default): the static profile.
 
     Returns:
         A :class:`SimResult`.
@@ -131,6 +189,12 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
     if not isinstance(config, SimConfig):
         raise InvalidRequestError(f"config must be a SimConfig, got {type(config).__name__}")
     _check_arrivals(arrivals)
+    model = latency_model
+    if model is not None:
+        if not isinstance(model, LatencyModel):
+            raise InvalidRequestError(f"latency_model must be a LatencyModel or None, got {type(model).__name__}")
+        model.reset()
+        policy.update_profile(model.prior)  # raises if the model was built on another profile
     policy.reset()
     rng = random.Random(config.seed)
     slo = float(config.slo_s)
@@ -139,6 +203,7 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
     timeline = config.record_timeline
 
     # Execution time of (subnet, profiled batch): the mean, or lognormal parameters matching mean and std.
+    # The ground truth is the profile the policy starts from (the model's prior): re-plans must not change it.
     exec_time: dict[tuple[object, int], tuple[float, float, float]] = {}
     for s in policy.profile.subnets:
         for b, st in s.latency.items():
@@ -148,12 +213,14 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
     noisy = config.latency_noise == "lognormal"
     lognorm = rng.lognormvariate
     act_delay = float(config.actuation_delay_s)
+    windows = config.interference
+    scale = model.slack_scale if model is not None else None
 
     idle = list(range(config.num_workers))  # a heap: the lowest-numbered free worker goes first
     alive = [True] * config.num_workers
     running = [None] * config.num_workers  # worker -> its busy-heap entry
     current = [None] * config.num_workers  # worker -> subnet of its previous batch
-    busy: list = []  # heap of [t_done, seq, worker, accuracy, entries]
+    busy: list = []  # heap of [t_done, seq, worker, accuracy, entries, subnet, batch, service time]
     fails = list(config.worker_failures)
     fi = 0
     seq = 0
@@ -162,37 +229,32 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
     i = 0
     push = q.push
     heappush, heappop = heapq.heappush, heapq.heappop
-    decide, min_latency = policy.decide, policy.min_latency
     observe = policy.observe_arrivals if policy.needs_arrivals else None
-    drop_late = config.drop_late
     t = 0.0
 
     def dispatch(t: float) -> float:
         """Start batches while a worker is free and the queue is not empty; return a wake-up time or inf."""
         nonlocal seq
         while idle and q:
-            if drop_late:
-                while True:
-                    dropped = q.expire(t, min_latency(len(q)))
-                    if not dropped:
-                        break
-                    rec.record_drop(t, len(dropped))
-                    if not q:
-                        return _INF
-            qlen = len(q)
-            d = decide(q.peek_deadline() - t, qlen, t)
+            w = idle[0]
+            expired, d, entries, qlen, wake_at = dispatch_step(q, policy, t, 1.0 if scale is None else scale(w))
+            if expired:
+                rec.record_drop(t, len(expired))
             if d is None:
-                # The policy waits: look again when the head would have to be dropped (or on the next arrival).
-                return max(q.peek_deadline() - min_latency(qlen), t + 1e-6)
-            w = heappop(idle)
-            entries = q.pop_batch(d.batch_size)
+                # Queue emptied by the drop rule (wake_at is inf), or the policy waits: look again at wake_at (when
+                # the head would have to be dropped) or on the next arrival.
+                return wake_at
+            heappop(idle)
             mean, mu, sigma = exec_time[(d.subnet_id, d.profile_batch)]
             dur = lognorm(mu, sigma) if noisy and sigma > 0.0 else mean
+            for win in windows:
+                if win.start_s <= t < win.end_s and (win.workers is None or w in win.workers):
+                    dur *= win.factor
             if act_delay and current[w] is not None and current[w] != d.subnet_id:
                 dur += act_delay
             current[w] = d.subnet_id
             seq += 1
-            item = [t + dur, seq, w, d.accuracy, entries]
+            item = [t + dur, seq, w, d.accuracy, entries, d.subnet_id, d.profile_batch, dur]
             running[w] = item
             heappush(busy, item)
             if timeline:
@@ -210,9 +272,12 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
             if t_d == _INF:
                 break
             t = t_d
-            _, _, w, acc, entries = heappop(busy)
+            _, _, w, acc, entries, sid, size, dur = heappop(busy)
             running[w] = None
             rec.record_served(t, entries, acc)
+            # A simulated partial batch runs as its profiled (padded) size, so that is the size it measures.
+            if model is not None and model.record(w, sid, size, dur, t):
+                model.replan(policy, t, limit_by_cost=False)  # deterministic: simulated time only
             heappush(idle, w)
             wake = dispatch(t)
         elif t_f <= t_a and t_f <= wake:
@@ -260,4 +325,6 @@ def simulate(policy: Policy, arrivals: Sequence[float], config: SimConfig) -> Si
     left = q.drain()
     if left:
         rec.record_failure(t, len(left))
+    if model is not None:
+        policy.update_profile(model.prior)
     return SimResult(rec.summary(), rec.decisions, rec.outcomes, t)

@@ -106,6 +106,10 @@ class SlackFit(Policy):
         super().__init__(profile, latency_stat=latency_stat, queue_aware=queue_aware)
         self.num_buckets = num_buckets
         self.pareto = bool(pareto)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        num_buckets = self.num_buckets
         lats = [c.latency for c in self._all]
         self._lo, self._hi = min(lats), max(lats)
         # A degenerate profile (one latency) still gets a valid grid: everything lands in bucket 0.

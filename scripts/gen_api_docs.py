@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,6 +19,7 @@ MODULES = [
     ("subnetact.search", "Pareto search: FLOPs model, accuracy predictor, evolution."),
     ("subnetact.train", "Supernet training: sandwich rule with in-place distillation."),
     ("subnetact.digits", "The embedded digits supernet used by `subnetact demo`."),
+    ("subnetact.serving", "Serving over HTTP: the ASGI front end, its backend, the model runner (extra `serve`)."),
     ("scheduling", "The scheduler: profiles, policies, live scheduler, simulator, traces, metrics."),
 ]
 
@@ -26,6 +28,22 @@ def _first_paragraph(obj: object) -> str:
     doc = inspect.getdoc(obj) or ""
     para = doc.split("\n\n", 1)[0].strip()
     return " ".join(para.split())
+
+
+def _annotation(annotation: object) -> str:
+    """An annotation as written: strings unquoted, ``ForwardRef('int')`` (NamedTuple fields) as ``int``."""
+    if isinstance(annotation, str):
+        return annotation
+    if isinstance(annotation, typing.ForwardRef):
+        return annotation.__forward_arg__
+    return inspect.formatannotation(annotation)
+
+
+def _default(value: object) -> str:
+    """A default as a reader would write it: functions and classes by qualified name, not ``<function ... at 0x>``."""
+    if inspect.isfunction(value) or inspect.isbuiltin(value) or inspect.isclass(value):
+        return f"{value.__module__}.{value.__qualname__}"
+    return repr(value)
 
 
 def _signature(obj: object) -> str:
@@ -42,15 +60,15 @@ def _signature(obj: object) -> str:
             else ("*" if p.kind == p.VAR_POSITIONAL else "**") + p.name
         )
         if p.annotation is not p.empty:
-            text += f": {p.annotation if isinstance(p.annotation, str) else inspect.formatannotation(p.annotation)}"
+            text += f": {_annotation(p.annotation)}"
         if p.default is not p.empty:
-            text += f" = {p.default!r}"
+            text += f" = {_default(p.default)}"
         params.append(text)
     kw_only = [i for i, p in enumerate(sig.parameters.values()) if p.kind == p.KEYWORD_ONLY]
     if kw_only and not any(p.kind == p.VAR_POSITIONAL for p in sig.parameters.values()):
         params.insert(kw_only[0], "*")
     ret = sig.return_annotation
-    tail = "" if ret is sig.empty else f" -> {ret if isinstance(ret, str) else inspect.formatannotation(ret)}"
+    tail = "" if ret is sig.empty else f" -> {_annotation(ret)}"
     return f"({', '.join(params)}){tail}"
 
 
@@ -85,6 +103,11 @@ def render() -> str:
             obj = getattr(module, name)
             if inspect.ismodule(obj):
                 out.append(_line(f"- **`{module_name}.{name}`** (module)", _first_paragraph(obj)))
+                continue
+            if name == "__version__":  # the installed distribution's, so not a constant worth printing
+                out.append(
+                    "- **`__version__`**: the installed version, read from the package metadata (`pyproject.toml`)"
+                )
                 continue
             if not (inspect.isclass(obj) or callable(obj)):
                 out.append(f"- **`{name}`**: `{obj!r}`" if len(repr(obj)) < 60 else f"- **`{name}`**")

@@ -34,7 +34,18 @@ from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin
 from .weight_slice import WeightSlice, WeightSliceConv2d, WeightSliceLinear
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    # One source of truth: pyproject.toml, read back from the installed package's metadata.
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("subnetact")
+    except PackageNotFoundError:  # imported from a source tree that was never installed (PYTHONPATH=.)
+        return "0+unknown"
+
+
+__version__ = _version()
 
 __all__ = [
     "BlockSpec",

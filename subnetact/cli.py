@@ -27,7 +27,10 @@ def _ints(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="subnetact", description="Serve weight-shared supernets (SuperServe).")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -45,12 +48,18 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--slo-factor", type=float, default=None, help="instead of --slo-ms: x the top's b16 latency")
     demo.add_argument("--latency-stat", choices=("p99", "mean"), default="p99", help="latency policies plan with")
     demo.add_argument(
-        "--policies", default=None, help="comma-separated: slackfit,mincost,maxacc,fixed,fixed:<id> (default all)"
+        "--policies",
+        default=None,
+        help="comma-separated: slackfit,slackfit-adaptive,mincost,maxacc,fixed,fixed:<id> "
+        "(default: slackfit,slackfit-adaptive,mincost,fixed)",
     )
     demo.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32], help="profiled batch sizes")
     demo.add_argument("--workers", type=int, default=1, help="inference worker threads (default 1)")
     demo.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     demo.add_argument("--repeats", type=int, default=15, help="timed forwards per profile entry (default 15)")
+    demo.add_argument(
+        "--background-load", type=int, default=0, help="busy processes to run during the policy runs (default 0)"
+    )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", type=Path, default=Path("subnetact-demo"), help="output folder")
     demo.add_argument("--no-plot", action="store_true", help="do not write dynamics.png")
@@ -103,6 +112,7 @@ def _demo(args: argparse.Namespace) -> int:
         workers=args.workers,
         threads=args.threads,
         repeats=args.repeats,
+        background_load=args.background_load,
         seed=args.seed,
         out_dir=args.out,
         plot=not args.no_plot,

@@ -7,8 +7,15 @@
    real inference workers (threads calling ``model(x, subnet=cfg)`` on one shared model) and replay the same bursty
    trace of test-set digits, each request with the same SLO.
 4. Print, per policy: SLO attainment, accuracy against the true labels of the requests answered within their SLO,
-   p50/p99 latency of the answered requests and throughput; write ``results.json`` and a PNG of SlackFit's system
-   dynamics (ingest rate, accuracy of the chosen subnet, batch size over time).
+   p50/p99 latency of the answered requests and throughput, with a mark on the policies on the attainment/accuracy
+   frontier (no other policy has better attainment at no lower accuracy, or better accuracy at no lower
+   attainment); write ``results.json`` and a PNG of SlackFit's system dynamics (ingest rate, each request's latency
+   against the SLO, accuracy of the chosen subnet, batch size over time).
+
+``slackfit-adaptive`` is SlackFit fed back each batch's measured service time through a
+:class:`scheduling.LatencyModel` (issue 12); with ``background_load`` the demo starts that many busy processes after
+profiling and stops them at the end, so the machine changes under the profile and the adaptive row shows what
+feedback buys.
 
 Defaults (chosen on the development machine, 2 shared CPU cores; see ``docs/benchmarks.md``): a mean rate of
 1500 requests/s, half constant and half bursty (CV² 8), and a 50 ms SLO. There the most accurate subnet alone cannot
@@ -23,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -80,6 +88,7 @@ def run_demo(
     workers: int = 1,
     threads: int = 1,
     repeats: int = 15,
+    background_load: int = 0,
     seed: int = 0,
     out_dir: str | Path = "subnetact-demo",
     plot: bool = True,
@@ -97,18 +106,21 @@ def run_demo(
         slo_factor: if given, the SLO is ``slo_factor`` x the most accurate subnet's batch-16 latency in the profile.
         latency_stat: ``"p99"`` (default) or ``"mean"``: the profiled latency every policy plans with. On a shared
             CPU the p99 leaves room for the jitter that makes mean-planned batches finish late.
-        policies: any of ``"slackfit"``, ``"mincost"``, ``"maxacc"``, ``"fixed"`` (every subnet) and ``"fixed:<id>"``;
-            default: SlackFit, MinCost and Fixed on every subnet.
+        policies: any of ``"slackfit"``, ``"slackfit-adaptive"`` (with a :class:`scheduling.LatencyModel`),
+            ``"mincost"``, ``"maxacc"``, ``"fixed"`` (every subnet) and ``"fixed:<id>"``; default: SlackFit, adaptive
+            SlackFit, MinCost and Fixed on every subnet.
         batch_sizes: batch sizes to profile (the policies choose among them).
         workers: inference worker threads (each runs one batch at a time on the shared model).
         threads: torch intra-op threads (``torch.set_num_threads``).
         repeats: timed forwards per (subnet, batch size) when profiling.
+        background_load: busy-looping processes to run during the policy runs (started after profiling, stopped at
+            the end, even on error); 0 (default) runs on the machine as it is.
         seed: seeds the trace and which test images are requested.
         out_dir: where ``profile.json``, ``results.json`` and ``dynamics.png`` go (created).
         plot: write the PNG (needs matplotlib; skipped with a note if it is not installed).
         stream: where the table and progress go (default stdout).
     """
-    from scheduling import Fixed, MaxAcc, MinCost, SlackFit, traces
+    from scheduling import Fixed, LatencyModel, MaxAcc, MinCost, SlackFit, traces
 
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
@@ -123,6 +135,8 @@ def run_demo(
     for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} must be an int >= 1")
+    if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
+        raise ValueError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(threads)
@@ -134,7 +148,9 @@ def run_demo(
     served = [SubnetConfig.from_dict(r["config"]) for r in record["pareto"]]
     accuracies = [float(r["accuracy"]) for r in record["pareto"]]
     chosen = _policy_names(
-        policies, len(served), {"slackfit", "mincost", "maxacc", *(f"fixed:{i}" for i in range(len(served)))}
+        policies,
+        len(served),
+        {"slackfit", "slackfit-adaptive", "mincost", "maxacc", *(f"fixed:{i}" for i in range(len(served)))},
     )
     print(
         f"digits supernet: {len(served)} Pareto subnets, {len(labels)} test images; profiling on this CPU ...",
@@ -177,23 +193,29 @@ def run_demo(
     # -- one run per policy ----------------------------------------------------------------------------------------
     stat = {"latency_stat": latency_stat}
     makers: dict[str, Any] = {"slackfit": lambda: SlackFit(prof, **stat), "mincost": lambda: MinCost(prof, **stat)}
+    makers["slackfit-adaptive"] = makers["slackfit"]
     makers["maxacc"] = lambda: MaxAcc(prof, **stat)
     for i in range(len(served)):
         makers[f"fixed:{i}"] = lambda i=i: Fixed(prof, i, **stat)
     rows = []
     dynamics = None
-    for name in chosen:
-        row, timeline = _run_policy(
-            name, makers[name](), model, served, prof, x_test, labels, arrivals, requested, slo_s, workers
-        )
-        rows.append(row)
-        if name == "slackfit":
-            dynamics = timeline
-        print(
-            f"  {name:>9}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
-            f"p99 {row.latency_p99_ms:.1f} ms",
-            file=out,
-        )
+    hogs = _start_background_load(background_load, out)
+    try:
+        for name in chosen:
+            model_ = LatencyModel(prof) if name == "slackfit-adaptive" else None
+            row, timeline = _run_policy(
+                name, makers[name](), model, served, prof, x_test, labels, arrivals, requested, slo_s, workers, model_
+            )
+            rows.append(row)
+            if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
+                dynamics = (name, timeline)
+            print(
+                f"  {name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
+                f"p99 {row.latency_p99_ms:.1f} ms",
+                file=out,
+            )
+    finally:
+        _stop_background_load(hogs)
 
     # -- report ----------------------------------------------------------------------------------------------------
     print("\n" + format_table(rows), file=out)
@@ -206,6 +228,7 @@ def run_demo(
         "workers": workers,
         "threads": threads,
         "seed": seed,
+        "background_load": background_load,
         "requests": len(arrivals),
         "device": prof.metadata.get("device"),
     }
@@ -213,7 +236,7 @@ def run_demo(
     results_path.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
     plot_path = None
     if plot and dynamics is not None:
-        plot_path = _plot(dynamics, arrivals, prof, out_dir / "dynamics.png", out)
+        plot_path = _plot(*dynamics, arrivals, slo_s, out_dir / "dynamics.png", out)
     seconds = time.perf_counter() - start
     print(
         f"wrote {profile_path}, {results_path}" + (f", {plot_path}" if plot_path else "") + f" ({seconds:.0f}s)",
@@ -222,22 +245,54 @@ def run_demo(
     return DemoResult(tuple(rows), settings, profile_path, results_path, plot_path, seconds)
 
 
-def format_table(rows: Sequence[PolicyResult]) -> str:
-    """The demo's results as a fixed-width text table."""
-    names = ("SLO attain.", "accuracy %", "p50 ms", "p99 ms", "req/s", "dropped")
-    head = f"{'policy':<10} " + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(
-            f"{r.policy:<10} {r.slo_attainment:>11.4f} {r.accuracy:>10.2f} {r.latency_p50_ms:>8.1f} "
-            f"{r.latency_p99_ms:>8.1f} {r.throughput:>8.0f} {r.dropped:>8d}"
+def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
+    """Per row, whether it is on the attainment/accuracy frontier: no other row has higher attainment at no lower
+    accuracy, or higher accuracy at no lower attainment."""
+
+    def dominates(o: PolicyResult, r: PolicyResult) -> bool:
+        return (o.slo_attainment > r.slo_attainment and o.accuracy >= r.accuracy) or (
+            o.accuracy > r.accuracy and o.slo_attainment >= r.slo_attainment
         )
+
+    return [not any(dominates(o, r) for o in rows if o is not r) for r in rows]
+
+
+def format_table(rows: Sequence[PolicyResult]) -> str:
+    """The demo's results as a fixed-width text table; ``*`` marks the attainment/accuracy frontier."""
+    names = ("SLO attain.", "accuracy %", "p50 ms", "p99 ms", "req/s", "dropped")
+    head = f"{'policy':<19} " + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
+    lines = [head, "-" * len(head)]
+    for r, best in zip(rows, frontier(rows), strict=True):
+        lines.append(
+            f"{r.policy + (' *' if best else ''):<19} {r.slo_attainment:>11.4f} {r.accuracy:>10.2f} "
+            f"{r.latency_p50_ms:>8.1f} {r.latency_p99_ms:>8.1f} {r.throughput:>8.0f} {r.dropped:>8d}"
+        )
+    lines.append("* on the attainment/accuracy frontier (no other policy is better on one and no worse on the other)")
     return "\n".join(lines)
+
+
+def _start_background_load(n: int, out: TextIO) -> list[subprocess.Popen]:
+    """Start ``n`` busy-looping Python processes (a co-located job competing for the CPU)."""
+    if n:
+        print(f"background load: starting {n} busy process(es) for the policy runs", file=out)
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for _ in range(n)
+    ]
+
+
+def _stop_background_load(hogs: list[subprocess.Popen]) -> None:
+    for p in hogs:
+        p.kill()
+    for p in hogs:
+        p.wait()
 
 
 def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> list[str]:
     if policies is None:
-        return ["slackfit", "mincost", *(f"fixed:{i}" for i in range(n))]
+        return ["slackfit", "slackfit-adaptive", "mincost", *(f"fixed:{i}" for i in range(n))]
     names: list[str] = []
     for p in policies:
         key = p.strip().lower()
@@ -246,7 +301,14 @@ def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> li
         elif key in known:
             names.append(key)
         else:
-            allowed = ["slackfit", "mincost", "maxacc", "fixed", *(f"fixed:{i}" for i in range(n))]
+            allowed = [
+                "slackfit",
+                "slackfit-adaptive",
+                "mincost",
+                "maxacc",
+                "fixed",
+                *(f"fixed:{i}" for i in range(n)),
+            ]
             raise ValueError(f"policies contains {p!r}; allowed: {', '.join(allowed)}")
     if not names:
         raise ValueError("policies is empty; give at least one of slackfit, mincost, maxacc, fixed, fixed:<id>")
@@ -265,6 +327,7 @@ def _run_policy(
     requested: list[int],
     slo_s: float,
     workers: int,
+    latency_model: Any = None,
 ) -> tuple[PolicyResult, list]:
     from scheduling import Scheduler
 
@@ -284,7 +347,7 @@ def _run_policy(
 
         return callback
 
-    sched = Scheduler(policy, [infer] * workers, record_timeline=True)
+    sched = Scheduler(policy, [infer] * workers, record_timeline=True, latency_model=latency_model)
     futures = []
     t0 = time.monotonic() + 0.05
     try:
@@ -320,11 +383,18 @@ def _run_policy(
         late=m.late,
         mean_batch_size=m.mean_batch_size,
     )
-    timeline = [(d.time - t0, prof.subnet(d.subnet_id).accuracy, d.batch_size) for d in sched.timeline()]
-    return row, timeline
+    decisions = [(d.time - t0, prof.subnet(d.subnet_id).accuracy, d.batch_size) for d in sched.timeline()]
+    latencies = [
+        (submitted_at[i] - t0, done_at[i] - submitted_at[i])
+        for i, fut in enumerate(futures)
+        if not fut.cancelled() and fut.exception() is None
+    ]
+    return row, (decisions, latencies)
 
 
-def _plot(timeline: list, arrivals: list[float], prof: Any, path: Path, out: TextIO) -> Path | None:
+def _plot(
+    name: str, timeline: tuple[list, list], arrivals: list[float], slo_s: float, path: Path, out: TextIO
+) -> Path | None:
     try:
         import matplotlib
 
@@ -335,17 +405,25 @@ def _plot(timeline: list, arrivals: list[float], prof: Any, path: Path, out: Tex
         return None
     from scheduling.metrics import rate_series
 
+    decisions, latencies = timeline
     bin_s = 0.25
     rates = rate_series(arrivals, bin_s)
-    fig, axes = plt.subplots(3, 1, figsize=(8, 6.5), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(8, 8.5), sharex=True)
     axes[0].step([t for t, _ in rates], [r for _, r in rates], where="post")
     axes[0].set_ylabel("ingest (req/s)")
-    axes[1].plot([t for t, _, _ in timeline], [a for _, a, _ in timeline], ".", markersize=3)
-    axes[1].set_ylabel("subnet accuracy (val, %)")
-    axes[2].plot([t for t, _, _ in timeline], [b for _, _, b in timeline], ".", markersize=3)
-    axes[2].set_ylabel("batch size")
-    axes[2].set_xlabel("time (s)")
-    axes[0].set_title("SlackFit serving the digits supernet: system dynamics")
+    ok = [(t, 1e3 * lat) for t, lat in latencies if lat <= slo_s]
+    late = [(t, 1e3 * lat) for t, lat in latencies if lat > slo_s]
+    axes[1].plot([t for t, _ in ok], [v for _, v in ok], ".", markersize=1, label="within SLO")
+    axes[1].plot([t for t, _ in late], [v for _, v in late], ".", markersize=2, color="tab:red", label="late")
+    axes[1].axhline(1e3 * slo_s, color="black", linestyle="--", linewidth=1, label=f"SLO {1e3 * slo_s:.1f} ms")
+    axes[1].set_ylabel("request latency (ms)")
+    axes[1].legend(loc="upper right", fontsize=7)
+    axes[2].plot([t for t, _, _ in decisions], [a for _, a, _ in decisions], ".", markersize=3)
+    axes[2].set_ylabel("subnet accuracy (val, %)")
+    axes[3].plot([t for t, _, _ in decisions], [b for _, _, b in decisions], ".", markersize=3)
+    axes[3].set_ylabel("batch size")
+    axes[3].set_xlabel("time (s)")
+    axes[0].set_title(f"{name} serving the digits supernet: system dynamics")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

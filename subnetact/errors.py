@@ -17,6 +17,15 @@ class UnsupportedModelError(SubnetActError, TypeError):
     """``convert`` met a model or block it has no rule for; the message names the module path and type."""
 
 
+class ConfigError(SubnetActError, ValueError):
+    """An option of ``convert`` (``ConvertConfig``, ``example_inputs``) or another argument has a value that is not
+    allowed; the message names the argument, the value and what is allowed."""
+
+
+class NotConvertedError(SubnetActError, TypeError):
+    """A function that needs a converted supernet got a plain model (see ``subnetact.convert``)."""
+
+
 class CheckpointError(SubnetActError, ValueError):
     """A checkpoint file is truncated, corrupted, or does not match the model it is loaded into."""
 

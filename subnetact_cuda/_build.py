@@ -58,30 +58,106 @@ def cuda_home() -> str | None:
     return nvcc_toolkit_root()
 
 
-def _cublas_location(home: str | None) -> tuple[list[str], list[str], list[str]]:
-    """(include dirs, library dirs, linker flags) for cuBLASLt.
+def toolkit_version(home: str | None) -> tuple[int, int] | None:
+    """(major, minor) of the CUDA toolkit at ``home``, read from its ``cuda_runtime_api.h`` (``CUDART_VERSION``).
+
+    The header, not ``nvcc --version``: the headers are what must agree with the compiler and with torch's build.
+    """
+    if home is None:
+        return None
+    header = Path(home, "include", "cuda_runtime_api.h")
+    try:
+        match = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", header.read_text(errors="replace"))
+    except OSError:
+        return None
+    if match is None:
+        return None
+    value = int(match.group(1))  # e.g. 13000 for 13.0, 12080 for 12.8
+    return value // 1000, (value % 1000) // 10
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """``"13.2"`` -> ``(13, 2)``; None for None or anything unparsable."""
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def incompatibility(torch_cuda: str | None, home: str | None) -> str | None:
+    """Why the extension cannot be built consistently with this torch and toolkit, or None if it can.
+
+    A kernel library must be compiled by a toolkit of the same CUDA major version as torch's build: CUDA keeps
+    binary compatibility within a major version (an extension built with 13.0 runs with torch's 13.2 runtime), not
+    across. Within a major version the toolkit's own headers are used (see :func:`library_headers`), so an older
+    minor toolkit builds fine.
+    """
+    torch_version = parse_version(torch_cuda)
+    toolkit = toolkit_version(home)
+    if torch_version is None:
+        return f"torch is a CPU build (torch.version.cuda={torch_cuda!r})"
+    if toolkit is None:
+        return f"no CUDA toolkit found (nvcc toolkit={home!r}) for torch's CUDA {torch_cuda}"
+    if toolkit[0] != torch_version[0]:
+        return (
+            f"CUDA toolkit {toolkit[0]}.{toolkit[1]} (nvcc at {home}) does not match torch's CUDA {torch_cuda}: "
+            "the major versions differ; install a toolkit of the same major version or a matching torch"
+        )
+    return None
+
+
+def library_headers(home: str | None, scratch: Path) -> list[str]:
+    """Include dirs for the CUDA *library* headers (cuBLAS, cuSPARSE, cuSOLVER...) the toolkit at ``home`` lacks.
 
     PyTorch's CUDA headers include cuBLAS / cuSPARSE / cuSOLVER headers. A full toolkit has them; a minimal one
-    (only nvcc and cudart, as on these build machines) does not, but the NVIDIA wheels PyTorch depends on ship
-    both the headers and ``libcublasLt.so.<major>``, the very library PyTorch loads at run time.
+    (only nvcc and cudart, as on these build machines) does not, but the NVIDIA wheels PyTorch depends on ship them.
+    Those wheels also ship a whole CUDA runtime and CCCL of *torch's* CUDA version (``nvidia/cu13/include``):
+    putting that directory on the include path mixes, say, nvcc 13.0 with CCCL 13.3 headers, and CCCL stops with
+    ``#error "CUDA compiler and CUDA toolkit headers are incompatible"``. So the toolkit's own headers always win:
+    ``scratch`` gets links to the wheel headers the toolkit does not have, and only ``scratch`` is added.
     """
-    if home and Path(home, "include", "cublasLt.h").exists():
-        return [], [], ["-lcublasLt"]
-    for site in sys.path:
-        for header in sorted(glob.glob(os.path.join(site, "nvidia", "*", "include", "cublasLt.h"))):
-            root = Path(header).parent.parent
-            libs = sorted(root.glob("lib/libcublasLt.so*"))
-            if libs:
-                return [str(root / "include")], [str(root / "lib")], [f"-l:{libs[0].name}"]
-    raise RuntimeError(
-        f"cannot find cuBLASLt headers: neither CUDA_HOME={home!r} nor an nvidia-* wheel on sys.path has "
-        "include/cublasLt.h; install the CUDA toolkit's cuBLAS or PyTorch's CUDA wheels"
+    toolkit_include = Path(home, "include") if home else None
+    if toolkit_include is not None and (toolkit_include / "cublasLt.h").exists():
+        return []
+    wheel_includes = sorted(
+        {
+            Path(h).parent
+            for site in sys.path
+            for h in glob.glob(os.path.join(site, "nvidia", "*", "include", "cublasLt.h"))
+        }
     )
+    if not wheel_includes:
+        raise RuntimeError(
+            f"cannot find cuBLASLt headers: neither CUDA_HOME={home!r} nor an nvidia-* wheel on sys.path has "
+            "include/cublasLt.h; install the CUDA toolkit's cuBLAS or PyTorch's CUDA wheels"
+        )
+    scratch.mkdir(parents=True, exist_ok=True)
+    for stale in scratch.iterdir():
+        stale.unlink()
+    for header in sorted(wheel_includes[0].glob("*.h")):
+        if toolkit_include is None or not (toolkit_include / header.name).exists():
+            (scratch / header.name).symlink_to(header)
+    return [str(scratch)]
 
 
-def compile_args(home: str | None) -> dict:
-    """Keyword arguments for ``CUDAExtension`` (and, reshaped, ``torch.utils.cpp_extension.load``)."""
-    include_dirs, library_dirs, link_flags = _cublas_location(home)
+def _cublas_library() -> tuple[list[str], list[str]]:
+    """(library dirs, linker flags) for cuBLASLt: the toolkit's, else the very library PyTorch loads at run time."""
+    for site in sys.path:
+        for lib_dir in sorted(glob.glob(os.path.join(site, "nvidia", "*", "lib"))):
+            libs = sorted(Path(lib_dir).glob("libcublasLt.so*"))
+            if libs:
+                return [lib_dir], [f"-l:{libs[0].name}"]
+    return [], ["-lcublasLt"]
+
+
+def compile_args(home: str | None, scratch: Path) -> dict:
+    """Keyword arguments for ``CUDAExtension`` (and, reshaped, ``torch.utils.cpp_extension.load``).
+
+    ``scratch``: a directory this build may own, for the library-header links of :func:`library_headers`.
+    """
+    include_dirs = library_headers(home, scratch)
+    if home and Path(home, "include", "cublasLt.h").exists():
+        library_dirs, link_flags = [], ["-lcublasLt"]
+    else:
+        library_dirs, link_flags = _cublas_library()
     return {
         "include_dirs": include_dirs,
         "library_dirs": library_dirs,

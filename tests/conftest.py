@@ -27,3 +27,22 @@ def _few_threads():
     # Tests are tiny; more threads only add contention on a shared 2-core machine.
     torch.set_num_threads(1)
     yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    # CI's output must always say whether the CUDA kernels were compiled, and if not, why (shown even with -q).
+    from subnetact_cuda import _build
+
+    problem = _build.incompatibility(torch.version.cuda, _build.cuda_home())
+    build_test = "tests/cuda/test_cuda_build.py::test_extension_builds_and_registers_cuda_kernels"
+    if problem is None:
+        outcomes = [
+            kind
+            for kind in ("passed", "failed", "error", "skipped")
+            for r in terminalreporter.stats.get(kind, [])
+            if getattr(r, "nodeid", None) == build_test
+        ]
+        outcome = outcomes[-1] if outcomes else "not run"
+        terminalreporter.write_line(f"subnetact CUDA kernels: buildable here; the build test {outcome}")
+    else:
+        terminalreporter.write_line(f"subnetact CUDA kernels: NOT compiled: {problem}")

@@ -1,4 +1,5 @@
-"""Hugging Face ``transformers`` encoders as DynaBERT-style supernets: BERT, RoBERTa and ViT (issue 5).
+"""Hugging Face ``transformers`` encoders as DynaBERT-style supernets: BERT, RoBERTa, ELECTRA, XLM-RoBERTa,
+DistilBERT, DeBERTa-v2, ViT and DeiT built in (issues 5 and 11); other encoders through :func:`register_family`.
 
 Importing this package registers the model adapters by class name; it never imports ``transformers``.
 
@@ -13,22 +14,35 @@ See ``docs/transformers.md``.
 
 from __future__ import annotations
 
-from .adapter import active_heads, active_neurons
-from .families import BERT, ROBERTA, VIT, TransformerFamily, register_family
+from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
+from .adapter import active_heads, active_neurons, register_family
+from .families import BERT, DEBERTA_V2, DEIT, DISTILBERT, ELECTRA, ROBERTA, VIT, XLM_ROBERTA, TransformerFamily
 from .reorder import ReorderResult, reorder
 
-_BERT = "transformers.models.bert.modeling_bert."
-_ROBERTA = "transformers.models.roberta.modeling_roberta."
-_VIT = "transformers.models.vit.modeling_vit."
-
-register_family(BERT, [_BERT + "BertModel", _BERT + "BertForSequenceClassification"])
-register_family(ROBERTA, [_ROBERTA + "RobertaModel", _ROBERTA + "RobertaForSequenceClassification"])
-register_family(VIT, [_VIT + "ViTModel", _VIT + "ViTForImageClassification"])
+_MODELS = "transformers.models."
+# (family, module under transformers.models, model-class prefix, head classes registered besides the base model)
+_BUILTIN = (
+    (BERT, "bert.modeling_bert", "Bert", ("ForSequenceClassification",)),
+    (ROBERTA, "roberta.modeling_roberta", "Roberta", ("ForSequenceClassification",)),
+    (ELECTRA, "electra.modeling_electra", "Electra", ("ForSequenceClassification",)),
+    (XLM_ROBERTA, "xlm_roberta.modeling_xlm_roberta", "XLMRoberta", ("ForSequenceClassification",)),
+    (DISTILBERT, "distilbert.modeling_distilbert", "DistilBert", ("ForSequenceClassification",)),
+    (DEBERTA_V2, "deberta_v2.modeling_deberta_v2", "DebertaV2", ("ForSequenceClassification",)),
+    (VIT, "vit.modeling_vit", "ViT", ("ForImageClassification",)),
+    (DEIT, "deit.modeling_deit", "DeiT", ("ForImageClassification", "ForImageClassificationWithTeacher")),
+)
+for _family, _module, _prefix, _heads in _BUILTIN:
+    register_family(_family, [f"{_MODELS}{_module}.{_prefix}{suffix}" for suffix in ("Model", *_heads)])
 
 __all__ = [
     "BERT",
+    "DEBERTA_V2",
+    "DEIT",
+    "DISTILBERT",
+    "ELECTRA",
     "ROBERTA",
     "VIT",
+    "XLM_ROBERTA",
     "ReorderResult",
     "TransformerFamily",
     "active_heads",

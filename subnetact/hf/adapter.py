@@ -1,4 +1,5 @@
-"""Conversion and export of Hugging Face encoders (BERT, RoBERTa, ViT) as DynaBERT-style supernets (issue 5).
+"""Conversion and export of Hugging Face encoders as DynaBERT-style supernets (issues 5 and 11), and
+:func:`register_family`, which installs them for model classes.
 
 Space of a converted model with ``L`` layers:
 
@@ -10,27 +11,32 @@ Space of a converted model with ``L`` layers:
 - the link ``width -> (heads, ffn)``: ``model.actuate(width=w)`` sets both, as DynaBERT's single width multiplier
   does; ``model.actuate(heads=..., ffn=...)`` sets them separately.
 
-Hidden size, embeddings and LayerNorms are not sliced. No custom attention operator is needed: every supported
-family reshapes q/k/v as ``view(B, T, -1, head_size)``, so narrower projections simply give fewer heads, with any
-attention implementation (eager, sdpa, ...).
+Hidden size, embeddings and LayerNorms are not sliced. No custom attention operator is needed where a family
+reshapes q/k/v as ``view(B, T, -1, head_size)`` (all but DeBERTa-v2): narrower projections simply give fewer heads,
+with any attention implementation (eager, sdpa, ...). A family with ``head_count_per_subnet`` (DeBERTa-v2) gets
+:class:`~subnetact.hf.head_count.HeadCount` on its attention. Every family is verified on the model before anything
+changes (:mod:`subnetact.hf.verify`).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from torch import nn
 
 from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
 from ..layer_select import EVERY_OTHER
 from ..space import Entry
 from ..state import ChannelGroup, Plan
-from .families import TransformerFamily, all_layer_parts, find_layers
+from .families import _BY_LAYER_CLASS, _FAMILIES, TransformerFamily, all_layer_parts, find_layers
+from .head_count import head_count_factory
+from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
 
@@ -46,14 +52,23 @@ def active_neurons(width: float, size: int) -> int:
     return max(1, math.ceil(width * size - 1e-9))
 
 
+#: The oldest transformers release the Hugging Face support is tested with (CI's .ci/oldest.txt).
+MIN_TRANSFORMERS = (5, 9)
+
+
 def _check_transformers_version() -> None:
     # transformers 4.x BERT reshapes q/k/v with its fixed ``num_attention_heads`` (narrower projections would fail
-    # in view()) and lays ViT out differently; the model's own module is already imported, so this imports nothing.
+    # in view()); before 5.9 ViT keeps ``encoder.layer`` and ``attention_head_size`` instead of ``layers`` and
+    # ``head_dim``. The model's own module is already imported, so this imports nothing.
     version = getattr(sys.modules.get("transformers"), "__version__", None)
-    if version is not None and int(version.split(".")[0]) < 5:
+    if version is None:
+        return
+    parts = [int(p) for p in re.findall(r"\d+", version)[:2]]
+    if tuple(parts + [0] * (2 - len(parts))) < MIN_TRANSFORMERS:
+        wanted = ".".join(map(str, MIN_TRANSFORMERS))
         raise UnsupportedModelError(
-            f"transformers {version} is installed; subnetact's Hugging Face support needs transformers>=5 "
-            "(pip install -U 'transformers>=5')"
+            f"transformers {version} is installed; subnetact's Hugging Face support needs transformers>={wanted} "
+            f"(pip install -U 'transformers>={wanted}')"
         )
 
 
@@ -62,8 +77,14 @@ def analyse(
     config: ConvertConfig,
     filter_fn: Callable[[nn.Module, str], bool] | None,
     family: TransformerFamily,
+    example_inputs: ExampleInputs | None = None,
 ) -> ConversionPlan:
-    """Phase 1 of :func:`subnetact.convert` for a Hugging Face encoder: validate and describe, change nothing."""
+    """Phase 1 of :func:`subnetact.convert` for a Hugging Face encoder: validate and describe, change nothing.
+
+    Besides the structure, the family is verified on the model itself (:func:`~subnetact.hf.verify.verify_family`:
+    a tiny forward with hooks), so a family whose layers are shared or whose attention cannot run fewer heads is
+    refused here instead of converting into a silently wrong supernet.
+    """
     _check_transformers_version()
     hf_config = getattr(model, "config", None)
     if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
@@ -78,9 +99,11 @@ def analyse(
             "nothing would be converted"
         )
     _, parts = all_layer_parts(model, family)
+    verify_family(model, family, path, parts, config.width_choices, example_inputs)
     n = len(parts)
     heads_entries, ffn_entries, groups = [], [], []
     slices: dict[str, tuple[int | None, int | None]] = {}
+    custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
     for i, p in enumerate(parts):
         hg, fg = 2 * i, 2 * i + 1
         head_sizes = tuple((w, p.head_size * active_heads(w, p.heads)) for w in config.width_choices)
@@ -89,8 +112,12 @@ def analyse(
         groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
         heads_entries.append(Entry(f"{p.path}.{family.attention}", config.width_choices))
         ffn_entries.append(Entry(f"{p.path}.{family.fc1}", config.width_choices))
-        for name in (family.query, family.key, family.value):
+        for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
             slices[f"{p.path}.{name}"] = (hg, None)
+        if family.head_count_per_subnet:
+            custom[f"{p.path}.{family.attention}"] = head_count_factory(
+                hg, p.head_size, family.heads_attr, family.all_head_size_attr
+            )
         slices[f"{p.path}.{family.out}"] = (None, hg)
         slices[f"{p.path}.{family.fc1}"] = (fg, None)
         slices[f"{p.path}.{family.fc2}"] = (None, fg)
@@ -99,7 +126,7 @@ def analyse(
         "heads": heads_entries,
         "ffn": ffn_entries,
     }
-    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, links=dict(WIDTH_LINK))
+    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, custom=custom, links=dict(WIDTH_LINK))
 
 
 def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: TransformerFamily) -> nn.Module:
@@ -126,7 +153,7 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
     uniform = len(set(heads)) == 1 and len(set(ffn)) == 1 and len({p.head_size for p in parts}) == 1
     if uniform:
         new_config.num_attention_heads = heads[0]
-        new_config.intermediate_size = ffn[0]
+        setattr(new_config, family.config_ffn, ffn[0])
         if family.config_head_dim is not None:
             setattr(new_config, family.config_head_dim, head_size)
     # Provenance, and the per-layer shapes a config cannot express otherwise (JSON-serialisable, so it survives
@@ -153,7 +180,47 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
     return dense
 
 
-def install(qualname: str, family: TransformerFamily) -> None:
+def install(qualname: str, family: TransformerFamily, example_inputs: ExampleInputs | None = None) -> None:
     """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
-    register_model_adapter(qualname)(lambda model, config, filter_fn: analyse(model, config, filter_fn, family))
+    register_model_adapter(qualname)(
+        lambda model, config, filter_fn: analyse(model, config, filter_fn, family, example_inputs)
+    )
     register_export_hook(qualname)(lambda model, plan, dense: export_hook(model, plan, dense, family))
+
+
+def register_family(
+    family: TransformerFamily, classes: Sequence[str], *, example_inputs: ExampleInputs | None = None
+) -> None:
+    """Make :func:`subnetact.convert`, ``export`` and :func:`subnetact.reorder` handle ``classes``.
+
+    Nothing is checked against a model here (``transformers`` is not imported): every ``convert`` of one of
+    ``classes`` first verifies the family on the model (each layer runs once, in order; fewer heads and FFN
+    neurons run as fewer heads and neurons) and refuses the model with :class:`~subnetact.UnsupportedModelError`
+    if the family does not describe how it computes (ALBERT's shared layer, DeBERTa-v2's relative attention).
+
+    Args:
+        family: where the family's elastic modules live.
+        classes: ``"module.QualName"`` of each model class, e.g.
+            ``"transformers.models.bert.modeling_bert.BertForTokenClassification"`` (a name, so ``transformers`` is
+            not imported).
+        example_inputs: ``model -> dict`` of keyword inputs for the tiny verification forward, for models whose
+            ``main_input_name`` is neither ``input_ids`` nor ``pixel_values`` (default: built from the config).
+
+    Raises:
+        ConfigError: (a ``ValueError``) ``family`` is not a :class:`TransformerFamily`, ``classes`` is not a list of
+            ``"module.QualName"`` strings, or ``example_inputs`` is not callable; nothing is registered.
+
+    Example::
+
+        >>> subnetact.hf.register_family(subnetact.hf.BERT, ["transformers.models.bert.modeling_bert.BertForMaskedLM"])
+    """
+    if not isinstance(family, TransformerFamily):
+        raise ConfigError(f"family={family!r} must be a subnetact.hf.TransformerFamily")
+    if isinstance(classes, str) or not all(isinstance(c, str) and "." in c for c in classes):
+        raise ConfigError(f"classes={classes!r} must be a list of 'module.QualName' strings")
+    if example_inputs is not None and not callable(example_inputs):
+        raise ConfigError(f"example_inputs={example_inputs!r} must be a callable model -> dict of inputs, or None")
+    _BY_LAYER_CLASS[family.layer_class] = family
+    for qualname in classes:
+        _FAMILIES[qualname] = family
+        install(qualname, family, example_inputs)

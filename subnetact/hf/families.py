@@ -6,8 +6,7 @@ Nothing here imports ``transformers``: models are recognised by class name and t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import nn
 
@@ -32,6 +31,12 @@ class TransformerFamily:
         config_head_dim: config attribute the family reads the head size from (ViT: ``"head_dim"``), so an exported
             model with fewer heads gets a config that rebuilds the same shapes; None where the head size is always
             ``hidden_size // num_attention_heads`` (BERT, RoBERTa).
+        config_ffn: config attribute of the FFN width (DistilBERT: ``"hidden_dim"``).
+        extra_head_projections: further projections whose output rows are the heads, sliced with q/k/v where a layer
+            has them (DeBERTa-v2's relative-position ``pos_key_proj`` / ``pos_query_proj``).
+        head_count_per_subnet: the attention reshapes q/k/v by its ``heads_attr`` (DeBERTa-v2) rather than by head
+            size; the converted attention then reads that attribute from the active subnet
+            (:mod:`subnetact.hf.head_count`).
     """
 
     name: str
@@ -47,6 +52,9 @@ class TransformerFamily:
     head_size_attr: str = "attention_head_size"
     all_head_size_attr: str | None = "all_head_size"
     config_head_dim: str | None = None
+    config_ffn: str = "intermediate_size"
+    extra_head_projections: tuple[str, ...] = ()
+    head_count_per_subnet: bool = False
 
 
 BERT = TransformerFamily(
@@ -86,8 +94,42 @@ VIT = TransformerFamily(
     config_head_dim="head_dim",
 )
 
+ELECTRA = replace(BERT, name="electra", layer_class="ElectraLayer")
+XLM_ROBERTA = replace(BERT, name="xlm-roberta", layer_class="XLMRobertaLayer")
+DISTILBERT = TransformerFamily(
+    name="distilbert",
+    layer_class="TransformerBlock",
+    attention="attention",
+    query="attention.q_lin",
+    key="attention.k_lin",
+    value="attention.v_lin",
+    out="attention.out_lin",
+    fc1="ffn.lin1",
+    fc2="ffn.lin2",
+    heads_attr="n_heads",
+    all_head_size_attr=None,
+    config_ffn="hidden_dim",
+)
+DEIT = replace(VIT, name="deit", layer_class="DeiTLayer")
+DEBERTA_V2 = TransformerFamily(
+    name="deberta-v2",
+    layer_class="DebertaV2Layer",
+    attention="attention.self",
+    query="attention.self.query_proj",
+    key="attention.self.key_proj",
+    value="attention.self.value_proj",
+    out="attention.output.dense",
+    fc1="intermediate.dense",
+    fc2="output.dense",
+    config_head_dim="attention_head_size",
+    extra_head_projections=("attention.self.pos_key_proj", "attention.self.pos_query_proj"),
+    head_count_per_subnet=True,
+)
+
 # "module.QualName" of each supported model class -> its family.
 _FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
+# Layer class name -> the family last registered with it, to name the family in an unregistered model's error.
+_BY_LAYER_CLASS: dict[str, TransformerFamily] = {}
 
 
 def family_of(model: nn.Module) -> TransformerFamily | None:
@@ -110,6 +152,7 @@ class LayerParts:
     fc2: nn.Module
     heads: int
     head_size: int
+    extras: tuple[tuple[str, nn.Module], ...] = ()  # (path in the layer, module) of the extra head projections
 
     @property
     def ffn(self) -> int:
@@ -160,14 +203,32 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
             )
         return module
 
-    attention = layer.get_submodule(family.attention)
-    heads = getattr(attention, family.heads_attr, None)
+    try:
+        attention = layer.get_submodule(family.attention)
+    except AttributeError:
+        raise UnsupportedModelError(
+            f"{path} ({type(layer).__qualname__}) has no submodule {family.attention!r} "
+            f"({family.name} layout expected)"
+        ) from None
+    from .head_count import HeadCount
+
+    # A converted HeadCount attention answers its heads_attr with the active subnet's count; the supernet's is in
+    # its __dict__.
+    own = vars(attention) if isinstance(attention, HeadCount) else {}
+    heads = own.get(family.heads_attr, getattr(attention, family.heads_attr, None))
     head_size = getattr(attention, family.head_size_attr, None)
     if not isinstance(heads, int) or not isinstance(head_size, int):
         raise UnsupportedModelError(
             f"{path}.{family.attention} has {family.heads_attr}={heads!r} and {family.head_size_attr}={head_size!r}; "
             "expected two ints"
         )
+    extras = []
+    for name in family.extra_head_projections:
+        try:
+            layer.get_submodule(name)
+        except AttributeError:
+            continue  # not built for this configuration (DeBERTa-v2: per pos_att_type and share_att_key)
+        extras.append((name, get(name)))
     parts = LayerParts(
         path,
         layer,
@@ -175,6 +236,7 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
         *(get(n) for n in (family.query, family.key, family.value, family.out, family.fc1, family.fc2)),
         heads=heads,
         head_size=head_size,
+        extras=tuple(extras),
     )
     width = heads * head_size
     for name, size in (
@@ -182,6 +244,7 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
         (family.key, parts.key.out_features),
         (family.value, parts.value.out_features),
         (family.out, parts.out.in_features),
+        *((name, module.out_features) for name, module in extras),
     ):
         if size != width:
             raise UnsupportedModelError(
@@ -201,27 +264,3 @@ def all_layer_parts(
     """The layer list's path and every layer's parts, in order."""
     path, layers = find_layers(model, family)
     return path, [layer_parts(f"{path}.{name}", layer, family, plain=plain) for name, layer in layers.named_children()]
-
-
-def register_family(family: TransformerFamily, classes: Sequence[str]) -> None:
-    """Make :func:`subnetact.convert`, ``export`` and :func:`subnetact.reorder` handle ``classes``.
-
-    Args:
-        family: where the family's elastic modules live.
-        classes: ``"module.QualName"`` of each model class, e.g.
-            ``"transformers.models.bert.modeling_bert.BertForTokenClassification"`` (a name, so ``transformers`` is
-            not imported).
-
-    Example::
-
-        >>> subnetact.hf.register_family(subnetact.hf.BERT, ["transformers.models.bert.modeling_bert.BertForMaskedLM"])
-    """
-    from .adapter import install
-
-    if not isinstance(family, TransformerFamily):
-        raise TypeError(f"family={family!r} must be a subnetact.hf.TransformerFamily")
-    if isinstance(classes, str) or not all(isinstance(c, str) and "." in c for c in classes):
-        raise ValueError(f"classes={classes!r} must be a list of 'module.QualName' strings")
-    for qualname in classes:
-        _FAMILIES[qualname] = family
-        install(qualname, family)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 from .families import LayerParts, TransformerFamily, all_layer_parts, family_of
 
 SCORES = ("taylor", "l1")
@@ -74,7 +74,8 @@ def reorder(
 
     Raises:
         UnsupportedModelError: ``model`` is not of a supported family.
-        ValueError: bad ``score``, no batches for ``"taylor"``, or no loss. Nothing is permuted then.
+        ConfigError: (a ``ValueError``) bad ``score``, no batches for ``"taylor"``, or no loss. Nothing is
+            permuted then.
 
     Example::
 
@@ -83,9 +84,9 @@ def reorder(
         >>> model.actuate(width=0.25)   # now the most important quarter of the heads and neurons
     """
     if score not in SCORES:
-        raise ValueError(f"score={score!r} is not one of {SCORES}")
+        raise ConfigError(f"score={score!r} is not one of {SCORES}")
     if loss_fn is not None and not callable(loss_fn):
-        raise ValueError(f"loss_fn={loss_fn!r} must be a callable (outputs, batch) -> scalar loss tensor, or None")
+        raise ConfigError(f"loss_fn={loss_fn!r} must be a callable (outputs, batch) -> scalar loss tensor, or None")
     family = family_of(model)
     if family is None:
         raise UnsupportedModelError(
@@ -98,7 +99,7 @@ def reorder(
         ffn_scores = [p.fc2.weight.detach().abs().sum(dim=0) for p in parts]
     else:
         if batches is None:
-            raise ValueError("batches=None: score='taylor' needs data (or use score='l1', which needs none)")
+            raise ConfigError("batches=None: score='taylor' needs data (or use score='l1', which needs none)")
         head_scores, ffn_scores = _taylor(model, family, parts, batches, loss_fn)
 
     # Phase 2: permute (everything above only read the model).
@@ -107,7 +108,7 @@ def reorder(
     with torch.no_grad():
         for p, h_order, f_order in zip(parts, head_order, ffn_order):
             rows = (h_order[:, None] * p.head_size + torch.arange(p.head_size)).flatten().to(p.query.weight.device)
-            for proj in (p.query, p.key, p.value):
+            for proj in (p.query, p.key, p.value, *(module for _, module in p.extras)):
                 _permute(proj.weight, 0, rows)
                 if proj.bias is not None:
                     _permute(proj.bias, 0, rows)
@@ -183,7 +184,7 @@ def _taylor(
                     outputs = model(batch, **extra)
                 loss = loss_fn(outputs, batch) if loss_fn is not None else getattr(outputs, "loss", None)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise ValueError(
+                    raise ConfigError(
                         f"score='taylor' needs a scalar loss per batch, got {type(loss).__name__}: pass labels in "
                         "each batch (outputs.loss) or loss_fn=(outputs, batch) -> loss"
                     )
@@ -204,5 +205,5 @@ def _taylor(
         for m, flag in training.items():
             m.training = flag
     if count == 0:
-        raise ValueError("batches is empty: score='taylor' needs at least one batch")
+        raise ConfigError("batches is empty: score='taylor' needs at least one batch")
     return head_scores, ffn_scores

@@ -1,6 +1,7 @@
-"""Once-for-All (``mit-han-lab/once-for-all``, PyPI ``ofa``) interop: convert OFA supernets, translate OFA subnet
-dicts, load OFA checkpoints. Importing this package never imports ``ofa``: the adapters are registered by class
-name and ``convert`` finds them when it meets an OFA network.
+"""Once-for-All (``mit-han-lab/once-for-all``, PyPI ``ofa``) interop: convert OFA supernets (``OFAResNets``,
+``OFAMobileNetV3``, ``OFAProxylessNASNets``), translate OFA subnet dicts, load OFA checkpoints. Importing this
+package never imports ``ofa``: the adapters are registered by class name and ``convert`` finds them when it meets
+an OFA network.
 
     >>> from ofa.imagenet_classification.elastic_nn.networks import OFAResNets
     >>> model = subnetact.convert(OFAResNets(depth_list=[0, 1, 2], expand_ratio_list=[0.2, 0.25, 0.35],
@@ -14,11 +15,13 @@ See ``docs/ofa.md``.
 from .checkpoint import load_checkpoint, ofa_state_dict
 from .config import from_ofa, to_ofa
 from .mbv3 import ElasticKernelDepthwiseConv2d, OFAMobileNet
+from .proxyless import OFAProxylessNet
 from .resnet import OFAResNet
 
 __all__ = [
     "ElasticKernelDepthwiseConv2d",
     "OFAMobileNet",
+    "OFAProxylessNet",
     "OFAResNet",
     "from_ofa",
     "load_checkpoint",

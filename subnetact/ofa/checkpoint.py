@@ -22,7 +22,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NotConvertedError
 from ..supernet import SupernetMixin
 
 # nested dynamic spelling -> flat spelling; each occurs at the end of a key (the dynamic op's inner module)
@@ -31,7 +31,7 @@ _NESTED = ((".bn.bn.", ".bn."), (".conv.conv.weight", ".conv.weight"), (".linear
 
 def _ofa_model(model: nn.Module) -> None:
     if not isinstance(model, SupernetMixin) or not hasattr(model, "ofa_block_paths"):
-        raise TypeError(
+        raise NotConvertedError(
             f"model of type {type(model).__name__} is not a converted once-for-all network; call "
             "subnetact.convert(ofa_net) first"
         )

@@ -3,13 +3,14 @@
 OFA's dicts cannot be read without knowing the network, so both directions take the converted model's space:
 
 =================  ====================================================  ===========================================
-OFA key            ``OFAResNets``                                        ``OFAMobileNetV3``
+OFA key            ``OFAResNets``                                        ``OFAMobileNetV3``, ``OFAProxylessNASNets``
 =================  ====================================================  ===========================================
-``d``              5 values in ``depth_list``: ``d[0]`` is the stem       5 *absolute* depths in ``depth_list``
-                   flag (stem block runs iff ``d[0] == max``), ``d[1:]``
-                   the blocks *beyond* ``(2, 2, 4, 2)`` per stage
-``e``              18 expand ratios, one per block, skipped ones too     20 expand ratios (``blocks[1:]``)
-``w`` / ``ks``     ``w``: 6 *indices* into ``width_mult_list``           ``ks``: 20 kernel sizes
+``d``              5 values in ``depth_list``: ``d[0]`` is the stem      5 *absolute* depths in ``depth_list`` (6 for
+                   flag (stem block runs iff ``d[0] == max``), ``d[1:]`` ``OFAProxylessNASNets``, whose one-block
+                   the blocks *beyond* ``(2, 2, 4, 2)`` per stage        last stage runs ``min(1, d)`` blocks)
+``e``              18 expand ratios, one per block, skipped ones too     20 expand ratios (``blocks[1:]``; 21 for
+                                                                         ``OFAProxylessNASNets``)
+``w`` / ``ks``     ``w``: 6 *indices* into ``width_mult_list``           ``ks``: 20 kernel sizes (21)
 =================  ====================================================  ===========================================
 
 Ours uses ``depth`` (absolute blocks; the stem entry is 0/1), ``expand``, and ``width`` (multipliers, not indices)
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..config import SubnetConfig
-from ..errors import InvalidSubnetError
+from ..errors import InvalidSubnetError, NotConvertedError
 from ..space import Space
 from .resnet import BASE_DEPTH, STEM_DEPTH_PATH
 
@@ -38,11 +39,12 @@ def _space_of(space: Any) -> Space:
     inner = getattr(space, "space", None)
     if isinstance(inner, Space):
         return inner
-    raise TypeError(f"space={space!r} must be a subnetact.Space or a converted model (with .space)")
+    raise NotConvertedError(f"space={space!r} must be a subnetact.Space or a converted model (with .space)")
 
 
 def family(space: Space) -> str:
-    """``"resnet"`` or ``"mbv3"``: which OFA network ``space`` was converted from."""
+    """``"resnet"`` or ``"mbv3"`` (``OFAMobileNetV3`` or ``OFAProxylessNASNets``, which share the dict format):
+    which OFA network ``space`` was converted from."""
     dims = set(space.dims)
     depth = space.entries("depth") if "depth" in dims else ()
     if dims == {"depth", "expand", "width"} and depth and depth[0].name == STEM_DEPTH_PATH:
@@ -108,8 +110,11 @@ def from_ofa(arch: Mapping[str, Any], space: Any) -> SubnetConfig:
     if family(space) == "mbv3":
         _check_keys(arch, ("d", "e", "ks"), "OFAMobileNetV3", "OFAResNets")
         n_d, n_b = len(space.entries("depth")), len(space.entries("expand"))
+        # OFA runs min(len(stage), d) blocks: ProxylessNAS's one-block last stage takes any d of depth_list (its
+        # sampler sends 1); the full stages' choices are depth_list itself.
+        depth_list = set(space.entries("depth")[0].choices)
         d = [
-            _pick("d", i, v, e.choices)
+            min(_pick("d", i, v, tuple(sorted(depth_list | set(e.choices)))), max(e.choices))
             for i, (v, e) in enumerate(zip(_values(arch, "d", n_d, "OFAMobileNetV3"), space.entries("depth")))
         ]
         e = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,9 +11,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module_name", ["subnetact", "subnetact.search", "subnetact.train", "scheduling"])
+@pytest.mark.parametrize(
+    "module_name", ["subnetact", "subnetact.search", "subnetact.train", "subnetact.serving", "scheduling"]
+)
 def test_every_public_name_is_in_the_api_reference(module_name):
     text = (ROOT / "docs" / "api.md").read_text()
     module = importlib.import_module(module_name)
     missing = [n for n in module.__all__ if f"**`{n}" not in text and f"**`{module_name}.{n}`**" not in text]
     assert not missing, f"regenerate docs/api.md with `python scripts/gen_api_docs.py`; missing {missing}"
+
+
+def test_api_reference_is_regenerated_and_free_of_run_time_noise():
+    spec = importlib.util.spec_from_file_location("gen_api_docs", ROOT / "scripts" / "gen_api_docs.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    rendered = gen.render()
+    assert " at 0x" not in rendered and "ForwardRef(" not in rendered
+    assert (ROOT / "docs" / "api.md").read_text() == rendered, "regenerate: python scripts/gen_api_docs.py"

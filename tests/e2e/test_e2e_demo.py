@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from scheduling import Profile
+from subnetact.demo import PolicyResult, frontier
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -27,22 +28,29 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
         "--duration",
         "1.0",
         "--policies",
-        "slackfit,mincost,fixed:0",
+        "slackfit,slackfit-adaptive,mincost,fixed:0",
         "--batch-sizes",
         "1,4,16",
         "--repeats",
         "3",
+        "--background-load",
+        "1",
         "--out",
         str(out),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
     assert "policy" in text and "SLO attain." in text and "accuracy %" in text and "p99 ms" in text
-    for name in ("slackfit", "mincost", "fixed:0"):
-        assert any(line.startswith(name) for line in text.splitlines()), text
+    assert "background load: starting 1 busy process(es)" in text and "on the attainment/accuracy frontier" in text
+    names = ("slackfit", "slackfit-adaptive", "mincost", "fixed:0")
+    table = {line.split()[0]: line for line in text.splitlines() if line.split() and line.split()[0] in names}
+    assert set(table) == set(names), text
     data = json.loads((out / "results.json").read_text())
     rows = {r["policy"]: r for r in data["rows"]}
-    assert set(rows) == {"slackfit", "mincost", "fixed:0"}
+    assert set(rows) == set(names) and data["settings"]["background_load"] == 1
+    # The frontier marks in the table are those computed from the rows.
+    on_front = frontier([PolicyResult(**r) for r in data["rows"]])
+    assert [table[r["policy"]].split()[1] == "*" for r in data["rows"]] == on_front and any(on_front)
     for r in rows.values():
         assert r["requests"] == data["settings"]["requests"] > 0
         assert 0.0 <= r["slo_attainment"] <= 1.0
@@ -69,7 +77,10 @@ def test_profile_command_writes_a_profile(tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["demo", "--policies", "fastest"], "policies contains 'fastest'; allowed: slackfit, mincost, maxacc, fixed"),
+        (
+            ["demo", "--policies", "fastest"],
+            "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, mincost, maxacc, fixed",
+        ),
         (["demo", "--duration", "0"], "duration_s=0.0 must be a finite number > 0"),
         (["demo", "--workers", "0"], "workers=0 must be an int >= 1"),
         (["profile", "model.safetensors"], "needs --factory module:callable"),
@@ -80,3 +91,19 @@ def test_bad_arguments_fail_with_a_clear_message(args, message, tmp_path):
     result = _run(*args, "--out", str(tmp_path / "x"), timeout=120)
     assert result.returncode == 2
     assert message in result.stderr, result.stderr
+
+
+def _row(name: str, attainment: float, accuracy: float) -> PolicyResult:
+    return PolicyResult(name, 100, attainment, accuracy, accuracy, 1.0, 2.0, 100.0, 0, 0, 4.0)
+
+
+def test_frontier_by_hand():
+    rows = [
+        _row("a", 0.99, 98.0),  # on: nothing has both >=, one >
+        _row("b", 0.999, 97.0),  # on: highest attainment
+        _row("c", 0.98, 98.0),  # off: a has better attainment at the same accuracy
+        _row("d", 0.99, 97.5),  # off: a has better accuracy at the same attainment
+        _row("e", 0.95, 99.0),  # on: highest accuracy
+        _row("f", 0.95, 99.0),  # on: equal to e is not dominated
+    ]
+    assert frontier(rows) == [True, True, False, False, True, True]

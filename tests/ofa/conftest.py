@@ -77,7 +77,7 @@ def random_archs(net, model, n: int, seed: int) -> list[dict]:
     random.seed(seed)
     archs = [net.sample_active_subnet() for _ in range(n // 2)]
     rng = random.Random(seed)
-    archs += [model.space.sample(rng).to_ofa(model.space) for _ in range(n - n // 2)]
+    archs += [subnetact.ofa.to_ofa(model.space.sample(rng), model.space) for _ in range(n - n // 2)]
     return archs
 
 

@@ -72,10 +72,10 @@ def test_parity_with_ofa(pair):
     random.seed(0)
     archs = [ref.sample_active_subnet() for _ in range(12)]
     archs += [{"ks": 7, "e": 6, "d": 4}, {"ks": 3, "e": 3, "d": 2}]
-    configs = [subnetact.SubnetConfig.from_ofa(a, model) for a in archs]
+    configs = [subnetact.ofa.from_ofa(a, model) for a in archs]
     subnetact.calibrate(model, batches, configs)
     for arch, cfg in zip(archs, configs):
-        assert cfg.to_ofa(model) == {
+        assert subnetact.ofa.to_ofa(cfg, model) == {
             k: (v if isinstance(v, list) else [v] * (5 if k == "d" else 20)) for k, v in arch.items()
         }
         sub = ofa_reference(ref, arch, batches)
@@ -95,11 +95,11 @@ def test_config_errors(pair):
     with pytest.raises(
         subnetact.InvalidSubnetError, match=r"ks\[0\]=9 is not allowed: allowed values are \(3, 5, 7\)"
     ):
-        subnetact.SubnetConfig.from_ofa({"ks": 9, "e": 3, "d": 2}, model)
+        subnetact.ofa.from_ofa({"ks": 9, "e": 3, "d": 2}, model)
     with pytest.raises(subnetact.InvalidSubnetError, match=r"'w' belongs to OFAResNets configs"):
-        subnetact.SubnetConfig.from_ofa({"ks": 3, "e": 3, "d": 2, "w": 1}, model)
+        subnetact.ofa.from_ofa({"ks": 3, "e": 3, "d": 2, "w": 1}, model)
     with pytest.raises(subnetact.InvalidSubnetError, match=r"d\[0\]=1 is not allowed"):
-        subnetact.SubnetConfig.from_ofa({"ks": 3, "e": 3, "d": 1}, model)  # absolute depth: 1 is not in {2,3,4}
+        subnetact.ofa.from_ofa({"ks": 3, "e": 3, "d": 1}, model)  # absolute depth: 1 is not in {2,3,4}
 
 
 def test_checkpoint_nested_keys_load(tmp_path, pair):

@@ -8,7 +8,19 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
-MODULES = ["edf", "gearplan", "policies", "profile", "scheduler", "simulator", "slackfit", "traces"]
+MODULES = [
+    "batcher",
+    "dispatch",
+    "edf",
+    "gearplan",
+    "latency_model",
+    "policies",
+    "profile",
+    "scheduler",
+    "simulator",
+    "slackfit",
+    "traces",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

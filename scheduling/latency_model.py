@@ -1,0 +1,338 @@
+"""Online latency estimates from measured service times, so a policy re-plans when the machine changes under it.
+
+A policy plans with a :class:`~scheduling.Profile` measured offline. When a co-located job, another tenant or a thermal
+limit slows a worker down, that profile is wrong and a policy that fits choices tightly into the slack (SlackFit)
+misses deadlines (issue 12). :class:`LatencyModel` corrects the profile online from each batch's measured service time.
+
+The model is multiplicative, in log space::
+
+    log latency(subnet, batch, worker) = log prior(subnet, batch) + entry[subnet, batch] + worker_factor[worker]
+
+- ``worker_factor`` is a time-based EWMA (half-life ``halflife_s``) of each worker's log ratio measured / expected: it
+  follows a slowdown or a recovery within a few half-lives of traffic and scales *every* entry of that worker,
+  including entries never measured.
+- ``entry`` is a per-(subnet, batch size) offset learned 20x more slowly (half-life ``entry_halflife_s``) from what the
+  worker factor does not explain: a profile that is wrong for one entry only. The split between the two is not
+  identifiable from one worker's samples (a worker that only ever runs one entry could be slow, or that entry could
+  be mis-profiled), so the offsets also shrink slowly towards 0: an offset survives only while the data keep asking
+  for it, and a common slowdown ends up in the worker factor, which also scales the entries never measured.
+- Each update moves the state by at most ``clip`` in log space and by at most half the way to the new sample, so one
+  outlier cannot swing the plan; timings that are not finite, not positive, or more than ``max_ratio`` away from the
+  profile are ignored and counted in :attr:`LatencyModel.rejected`.
+
+A policy sees the estimates through the same interface as the static profile: :meth:`LatencyModel.refresh` returns a
+:class:`~scheduling.Profile` (same subnets, accuracies, batch sizes) built with the factor of the *fastest* worker, and
+:meth:`~scheduling.Policy.update_profile` rebuilds the policy's tables from it. Slower workers plan with their own
+factor by scaling the slack they decide with (:meth:`LatencyModel.slack_scale`): a choice whose latency is ``L`` in the
+table takes ``L * f`` on a worker ``f`` times slower, and ``L * f <= slack`` exactly when ``L <= slack / f``. So
+``decide()`` costs the same as with a static profile, and the drop rule (the table's fastest latency) drops a request
+only when even the fastest worker could not serve it in time.
+
+The published estimates keep P1 (latency grows with batch size) and P2 (latency grows with subnet cost, i.e. the
+prior's latency order at each batch size) wherever the prior profile has them; where the prior itself violates P1
+(e.g. the A40 profile's subnet 0 at batch 2 vs 4) the estimates may violate it by no more than the prior does.
+
+The :class:`~scheduling.Scheduler` and :func:`~scheduling.simulate` drive a model passed as ``latency_model=``; with
+none (the default) policies plan with the static profile, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
+
+from .errors import InvalidProfileError, InvalidRequestError
+from .profile import LatencyStats, Profile, Subnet, SubnetId
+
+if TYPE_CHECKING:
+    from .policies import Policy
+
+__all__ = ["LatencyModel"]
+
+
+def _positive(name: str, value: object, *, upper: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < upper:
+        allowed = "a finite number > 0" if upper == math.inf else f"a number in (0, {upper})"
+        raise InvalidRequestError(f"{name} must be {allowed}, got {value!r}")
+    return float(value)
+
+
+class LatencyModel:
+    """Per-worker, per-(subnet, batch size) latency estimates fed by measured service times.
+
+    Not thread-safe by itself: the live :class:`~scheduling.Scheduler` calls it under its lock.
+
+    Args:
+        profile: The prior: the offline profile the policy was built with. Unmeasured entries keep its shape.
+        halflife_s: Half-life, in seconds of traffic, of a worker's slowdown factor (default 0.1 s): after a step
+            change in speed, a busy worker's factor is within 3 % of the new value after ~0.5 s.
+        entry_halflife_s: Half-life, in seconds of the measuring worker's traffic, of an entry's own offset
+            (default 2 s). It must be well above ``halflife_s``: the offset picks up about
+            ``halflife_s / entry_halflife_s`` of every step change while the worker factor catches up.
+        refresh_s: Minimum time between two re-plans (default 0.05 s); a re-plan also waits until the estimates
+            have moved by more than ``tolerance``. :meth:`replan` also stretches the interval to 50x the time the last
+            re-plan took, so a large profile never spends more than ~2 % of the time rebuilding tables.
+        tolerance: Relative change of an estimate that triggers a re-plan (default 0.02, i.e. 2 %).
+        max_ratio: Timings more than this factor above or below the profile are ignored as absurd (default 20).
+        clip: Largest change, in log space, that one sample may cause (default ``log(2)``).
+
+    Example::
+
+        >>> from scheduling import LatencyModel, SlackFit, datasets
+        >>> profile = datasets.superserve_a40_profile()
+        >>> policy, model = SlackFit(profile), LatencyModel(profile)
+        >>> for i in range(100):                         # worker 0 now runs everything 1.5x slower than profiled
+        ...     t = 0.01 * i
+        ...     if model.record(0, 5, 8, 1.5 * profile.latency(5, 8), now=t):
+        ...         model.replan(policy, t)                # policy.update_profile(model.refresh(t))
+        >>> round(model.estimate(5, 32, worker=0) / profile.latency(5, 32), 1)   # an entry never measured
+        1.5
+        >>> model.record(0, 5, 8, float("nan"), now=t), model.rejected
+        (False, 1)
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        halflife_s: float = 0.1,
+        entry_halflife_s: float = 2.0,
+        refresh_s: float = 0.05,
+        tolerance: float = 0.02,
+        max_ratio: float = 20.0,
+        clip: float = math.log(2.0),
+    ) -> None:
+        if not isinstance(profile, Profile):
+            raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
+        self.prior = profile
+        self.halflife_s = _positive("halflife_s", halflife_s)
+        self.entry_halflife_s = _positive("entry_halflife_s", entry_halflife_s)
+        refresh = refresh_s
+        if isinstance(refresh, bool) or not isinstance(refresh, (int, float)) or not 0 <= refresh < math.inf:
+            raise InvalidRequestError(f"refresh_s must be a finite number >= 0, got {refresh_s!r}")
+        self.refresh_s = float(refresh)
+        self.tolerance = _positive("tolerance", tolerance)
+        self.max_ratio = _positive("max_ratio", max_ratio)
+        if self.max_ratio <= 1.0:
+            raise InvalidRequestError(f"max_ratio must be > 1, got {max_ratio!r}")
+        self.clip = _positive("clip", clip)
+        self._tau = self.halflife_s / math.log(2.0)
+        self._entry_rate = self.halflife_s / self.entry_halflife_s  # entry step = worker step * this
+        # Per subnet: sorted profiled batch sizes and their mean latencies, for interpolating partial batches.
+        self._sizes = {s.id: list(s.latency) for s in profile.subnets}
+        self._means = {s.id: [st.mean_s for st in s.latency.values()] for s in profile.subnets}
+        # Monotone fix-up orders, fixed by the prior: at each batch size, subnets by increasing prior latency (P2).
+        self._p2_order = {
+            b: sorted((s for s in profile.subnets if b in s.latency), key=lambda s: (s.latency[b].mean_s, s.accuracy))
+            for b in profile.batch_sizes
+        }
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Forget everything measured: estimates go back to the prior profile and counters to zero."""
+        self._entry: dict[tuple[SubnetId, int], float] = {}
+        self._worker: dict[Hashable, list[float]] = {}  # worker -> [log factor, time of its last sample]
+        self._published_entry: dict[tuple[SubnetId, int], float] = {}
+        self._published_base = 0.0
+        self._scale: dict[Hashable, float] = {}
+        self._next_refresh = -math.inf
+        self._dirty = False
+        self.observed = 0
+        self.rejected = 0
+        self.rejections: Counter[str] = Counter()
+        self.refreshes = 0
+
+    def _reject(self, reason: str) -> bool:
+        self.rejected += 1
+        self.rejections[reason] += 1
+        return False
+
+    def _expected(self, subnet_id: SubnetId, batch_size: int) -> float:
+        """Prior mean latency of ``batch_size`` requests: exact at profiled sizes, linear in between, and the smallest
+        (largest) profiled size's latency below (above) the profiled range."""
+        sizes, means = self._sizes[subnet_id], self._means[subnet_id]
+        i = bisect_left(sizes, batch_size)
+        if i < len(sizes) and sizes[i] == batch_size:
+            return means[i]
+        if i == 0:
+            return means[0]
+        if i == len(sizes):
+            return means[-1] * batch_size / sizes[-1]
+        b0, b1, m0, m1 = sizes[i - 1], sizes[i], means[i - 1], means[i]
+        return m0 + (m1 - m0) * (batch_size - b0) / (b1 - b0)
+
+    # ------------------------------------------------------------------ feeding
+    def record(self, worker: Hashable, subnet_id: SubnetId, batch_size: int, service_s: float, now: float) -> bool:
+        """Feed one batch's measured service time.
+
+        Args:
+            worker: Which worker ran it (any hashable id; the scheduler's worker id, the simulator's worker index).
+            subnet_id: The subnet it ran.
+            batch_size: How many requests it held (need not be a profiled size: it is interpolated).
+            service_s: Measured time from the start of the batch to its results, in seconds.
+            now: Current time in seconds, on the clock the scheduler uses.
+
+        Returns:
+            ``True`` when the estimates have moved by more than ``tolerance`` and the re-plan interval has passed: the
+            caller should then run :meth:`replan`. A rejected sample returns ``False`` and leaves every estimate
+            unchanged.
+        """
+        if subnet_id not in self._sizes:
+            return self._reject("unknown_subnet")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            return self._reject("bad_batch_size")
+        if isinstance(service_s, bool) or not isinstance(service_s, (int, float)) or not math.isfinite(service_s):
+            return self._reject("not_finite")
+        if service_s <= 0.0:
+            return self._reject("not_positive")
+        if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+            return self._reject("bad_time")
+        ratio = service_s / self._expected(subnet_id, batch_size)
+        if not 1.0 / self.max_ratio <= ratio <= self.max_ratio:
+            return self._reject("out_of_range")
+        self.observed += 1
+        r = math.log(ratio)
+        key = (subnet_id, batch_size)
+        profiled = self._is_profiled(key)
+        d = self._entry.get(key, 0.0) if profiled else 0.0
+        clip = self.clip
+
+        # Worker factor: time-based EWMA (at most half-way per sample), clipped step.
+        state = self._worker.get(worker)
+        if state is None:
+            # A new worker starts from the fastest known worker's factor (the table's base), not from the prior.
+            state = self._worker[worker] = [self._published_base, now]
+            alpha = 0.5
+        else:
+            dt = now - state[1]
+            alpha = min(0.5, -math.expm1(-max(dt, 0.0) / self._tau))
+            state[1] = max(state[1], now)
+        step = alpha * (r - d - state[0])
+        state[0] += clip if step > clip else -clip if step < -clip else step
+        self._scale.pop(worker, None)
+
+        # Entry offset: what the worker factor does not explain, learned slowly and shrunk slowly towards 0 (see the
+        # module docstring); at rest it keeps 95 % of a persistent deviation.
+        if profiled:
+            beta = alpha * self._entry_rate
+            step = beta * (r - state[0] - d) - 0.05 * beta * d
+            d += clip if step > clip else -clip if step < -clip else step
+            self._entry[key] = d
+            if abs(d - self._published_entry.get(key, 0.0)) > self.tolerance:
+                self._dirty = True
+
+        base = min(s[0] for s in self._worker.values())
+        if abs(base - self._published_base) > self.tolerance:
+            self._dirty = True
+        return self._dirty and now >= self._next_refresh
+
+    def _is_profiled(self, key: tuple[SubnetId, int]) -> bool:
+        sizes = self._sizes[key[0]]
+        i = bisect_left(sizes, key[1])
+        return i < len(sizes) and sizes[i] == key[1]
+
+    # ------------------------------------------------------------------ reading
+    def worker_factor(self, worker: Hashable) -> float:
+        """How much slower than the prior ``worker`` currently runs (1.0 for a worker never measured)."""
+        state = self._worker.get(worker)
+        return math.exp(state[0]) if state is not None else 1.0
+
+    def estimate(self, subnet_id: SubnetId, batch_size: int, *, worker: Hashable | None = None) -> float:
+        """Current mean-latency estimate (seconds) of a profiled entry on ``worker`` (``None``: the fastest worker).
+
+        This is the raw estimate, before the monotone fix-up that :meth:`refresh` applies.
+
+        Raises:
+            InvalidProfileError: the entry is not in the prior profile.
+        """
+        prior = self.prior.latency(subnet_id, batch_size)
+        if worker is None:
+            log_f = min((s[0] for s in self._worker.values()), default=0.0)
+        else:
+            log_f = self._worker[worker][0] if worker in self._worker else 0.0
+        return prior * math.exp(self._entry.get((subnet_id, batch_size), 0.0) + log_f)
+
+    def slack_scale(self, worker: Hashable) -> float:
+        """Factor (<= 1) by which ``worker`` scales its slack before deciding with the last refreshed profile.
+
+        The refreshed profile is built for the fastest worker; a worker ``f`` times slower than that decides with
+        ``slack / f``. A worker never measured gets 1.0.
+        """
+        scale = self._scale.get(worker)
+        if scale is None:
+            state = self._worker.get(worker)
+            scale = 1.0 if state is None else min(1.0, math.exp(self._published_base - state[0]))
+            self._scale[worker] = scale
+        return scale
+
+    def refresh(self, now: float) -> Profile:
+        """Publish the current estimates as a :class:`~scheduling.Profile` for ``policy.update_profile``.
+
+        Every entry's mean, p99 and std are the prior's times the entry's factor (its offset and the fastest
+        worker's factor), then raised where needed so that P1 and P2 hold wherever the prior satisfies them.
+        """
+        base = min((s[0] for s in self._worker.values()), default=0.0)
+        est: dict[SubnetId, dict[int, float]] = {}
+        for s in self.prior.subnets:
+            entry = self._entry
+            est[s.id] = {b: st.mean_s * math.exp(entry.get((s.id, b), 0.0) + base) for b, st in s.latency.items()}
+        self._make_monotone(est)
+        subnets = []
+        for s in self.prior.subnets:
+            lat = {}
+            for b, st in s.latency.items():
+                mean = est[s.id][b]
+                f = mean / st.mean_s
+                lat[b] = LatencyStats(mean, st.p99_s * f, None if st.std_s is None else st.std_s * f)  # type: ignore[operator]
+            subnets.append(Subnet(s.id, s.accuracy, lat, s.config))
+        profile = Profile(tuple(subnets), name=self.prior.name, metadata=self.prior.metadata)
+        self._published_entry = dict(self._entry)
+        self._published_base = base
+        self._scale.clear()
+        self._dirty = False
+        self.refreshes += 1
+        self._next_refresh = now + self.refresh_s
+        return profile
+
+    def replan(self, policy: Policy, now: float, *, limit_by_cost: bool = True) -> None:
+        """``policy.update_profile(self.refresh(now))``, rate-limited by its own cost.
+
+        Re-plans rebuild the policy's tables (about 0.3 ms for SlackFit on the A40 profile, tens of ms for thousands
+        of entries): the next one is allowed no earlier than ``refresh_s`` and, with ``limit_by_cost`` (the live
+        scheduler), no earlier than 50x this one's wall-clock cost, so re-planning never takes more than ~2 % of the
+        time. The simulator passes ``limit_by_cost=False``: its clock is simulated, and a wall-clock cost would make
+        its results depend on how busy the machine running it is.
+        """
+        t0 = time.perf_counter()
+        policy.update_profile(self.refresh(now))
+        if limit_by_cost:
+            self._next_refresh = now + max(self.refresh_s, 50.0 * (time.perf_counter() - t0))
+
+    def _make_monotone(self, est: dict[SubnetId, dict[int, float]]) -> None:
+        """Raise estimates (in place) to the least values that keep P1 and P2 wherever the prior has them.
+
+        The constraints form a DAG (P1 edges go to larger batch sizes; P2 edges stay at one batch size, along the
+        prior's latency order), so one pass in order of batch size, then of that order, reaches the fixpoint.
+        """
+        for b, order in self._p2_order.items():
+            top = 0.0
+            for s in order:
+                row, lat = est[s.id], s.latency
+                v, pb = row[b], lat[b].mean_s
+                # P1: no faster than a smaller batch, unless the prior already says so, and then by no more than the
+                # prior's own ratio.
+                for bi in self._sizes[s.id]:
+                    if bi >= b:
+                        break
+                    floor = row[bi] * min(1.0, pb / lat[bi].mean_s)
+                    if floor > v:
+                        v = floor
+                # P2: a subnet the prior says is slower at this batch size is not estimated faster.
+                if top > v:
+                    v = top
+                row[b] = top = v

@@ -1,0 +1,85 @@
+"""What ``convert`` tells a Hugging Face model whose class no family is registered for (issue 11).
+
+Without this, such a model (``BertForMaskedLM``, a ``GPT2Model``) reaches the generic block-rule analysis and is
+told to write a ``register_block_rule``, which cannot describe a transformer. This adapter is registered for
+``transformers.modeling_utils.PreTrainedModel`` by name, so it is only found for Hugging Face classes that no
+family claims (a registered class is found first along the MRO). A model with an encoder-like layer list is refused
+with the :func:`subnetact.hf.register_family` call that would convert it; any other model goes on to the generic
+analysis, and its refusal, if any, gets the same hint appended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torch import nn
+
+from .._registry import qualified_name
+from ..convert import ConversionPlan, ConvertConfig, register_model_adapter
+from ..errors import UnsupportedModelError
+from .families import _BY_LAYER_CLASS, TransformerFamily
+
+PRETRAINED_MODEL = "transformers.modeling_utils.PreTrainedModel"
+
+
+def _public_name(family: TransformerFamily) -> str:
+    """``subnetact.hf.BERT`` for a built-in family, else the family's repr."""
+    from . import families
+
+    for name in dir(families):
+        if name.isupper() and getattr(families, name) is family:
+            return f"subnetact.hf.{name}"
+    return f"<your TransformerFamily {family.name!r}>"
+
+
+def _layer_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
+    """``nn.ModuleList`` of one class whose members hold an attention submodule and linear layers."""
+    found = []
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) == 0:
+            continue
+        classes = {type(child) for child in module}
+        first = module[0]
+        if len(classes) == 1 and any(
+            ("attention" in name.lower() or "attn" in name.lower()) for name, _ in first.named_modules()
+        ):
+            found.append((path, module))
+    return found
+
+
+def _hint(model: nn.Module) -> str:
+    qualname = qualified_name(type(model))
+    for path, layers in _layer_lists(model):
+        family = _BY_LAYER_CLASS.get(type(layers[0]).__name__)
+        if family is not None:
+            return (
+                f"{type(model).__qualname__} is a Hugging Face model of no registered class; its layers {path!r} "
+                f"({type(layers[0]).__name__}) are those of the family {_public_name(family)}: call "
+                f"subnetact.hf.register_family({_public_name(family)}, [{qualname!r}]) before convert"
+            )
+    return (
+        f"{type(model).__qualname__} is a Hugging Face model of no registered class: describe its encoder layer "
+        f"with a subnetact.hf.TransformerFamily and call subnetact.hf.register_family(family, [{qualname!r}]) "
+        "(see docs/transformers.md); subnetact.register_block_rule does not apply to transformers"
+    )
+
+
+def unregistered_adapter(
+    model: nn.Module, config: ConvertConfig, filter_fn: Callable[[nn.Module, str], bool] | None
+) -> ConversionPlan:
+    """Model adapter for Hugging Face classes without a family (see the module docstring)."""
+    from ..convert import analyse_blocks  # the core's generic analysis, looked up when used
+
+    if _layer_lists(model):
+        raise UnsupportedModelError(_hint(model))
+    try:
+        return analyse_blocks(model, config, filter_fn)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(
+            f"{exc}. If {type(model).__qualname__} is a transformer encoder, describe its layer with a "
+            f"subnetact.hf.TransformerFamily and call subnetact.hf.register_family(family, "
+            f"[{qualified_name(type(model))!r}]) (see docs/transformers.md)"
+        ) from exc
+
+
+register_model_adapter(PRETRAINED_MODEL)(unregistered_adapter)

@@ -1,0 +1,264 @@
+"""The ASGI front end (Starlette): ``POST /predict``, health, readiness and Prometheus metrics.
+
+Endpoints:
+
+- ``POST /predict``: a JSON or safetensors body (:mod:`~subnetact.serving.codec`); the deadline budget is turned into
+  an absolute time the moment the request's headers arrive, so time spent receiving the body counts against it.
+  Answers (always a JSON body):
+
+  ====  ==========================================================================================================
+  200   ``{"prediction" | "output", "subnet", "subnet_accuracy", "batch_size", "latency_ms", "on_time": true}``
+  400   malformed body, input of the wrong shape, bad ``deadline_ms`` / ``X-Deadline-Ms`` (the message says which)
+  404   no such endpoint; 405 wrong method (with ``Allow``)
+  408   the body did not arrive within ``body_timeout_s`` (the connection is closed)
+  413   the body is larger than ``max_body_bytes`` (the connection is closed)
+  415   ``Content-Type`` is neither ``application/json`` nor ``application/x-safetensors``
+  429   the queue is full
+  500   the model raised
+  503   no live worker, or the server is draining (``Retry-After: 1``)
+  504   the deadline was missed: dropped because it could no longer be met (``"error": "deadline missed"``), or
+        answered after it (the prediction is included with ``"on_time": false``)
+  ====  ==========================================================================================================
+
+- ``GET /healthz``: 200 while the process serves HTTP (liveness).
+- ``GET /readyz``: 200 when a request would be served now; 503 while draining or without a live worker (readiness).
+- ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
+- ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from scheduling import (
+    DeadlineMissedError,
+    NoWorkersError,
+    QueueFullError,
+    SchedulerClosedError,
+    WorkerFailedError,
+)
+
+from .backend import Backend
+from .codec import DEADLINE_HEADER, JSON_TYPE, TENSOR_TYPE, RequestError, decode_json, decode_tensor, parse_budget_ms
+from .metrics import ServingMetrics
+
+__all__ = ["ServingApp"]
+
+_CLOSE = {"connection": "close"}
+ARRIVED = "subnetact.arrived"
+"""ASGI scope key: ``(time.perf_counter(), time.time())`` when the request's headers arrived."""
+
+
+class _Answer(Exception):
+    """Raised inside the handler to answer at once with ``status`` and a JSON body."""
+
+    def __init__(self, status: int, outcome: str, body: dict[str, Any], headers: dict[str, str] | None = None):
+        super().__init__(body.get("error"))
+        self.status, self.outcome, self.body, self.headers = status, outcome, body, headers
+
+
+class ServingApp:
+    """An ASGI application serving one backend; pass it to uvicorn (or :func:`subnetact.serving.serve`).
+
+    Args:
+        backend: A :class:`~subnetact.serving.LocalBackend` or the Ray backend.
+        input_shape: One request's input shape without the batch dimension, e.g. ``(1, 8, 8)``.
+        default_deadline_ms: Budget of a request that gives none. Default 100 ms.
+        max_body_bytes: Larger bodies are answered 413. Default 1 MiB.
+        body_timeout_s: The whole body must arrive within this many seconds of the headers, else 408.
+            Default 5 s.
+
+    Attributes:
+        metrics: The :class:`~subnetact.serving.metrics.ServingMetrics` behind ``GET /metrics``.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        input_shape: Sequence[int],
+        default_deadline_ms: float = 100.0,
+        max_body_bytes: int = 1 << 20,
+        body_timeout_s: float = 5.0,
+    ) -> None:
+        from starlette.applications import Starlette
+        from starlette.exceptions import HTTPException
+        from starlette.routing import Route
+
+        self.default_deadline_ms = parse_budget_ms(default_deadline_ms, "default_deadline_ms")
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes={max_body_bytes!r} must be an int >= 1")
+        if not (isinstance(body_timeout_s, (int, float)) and math.isfinite(body_timeout_s) and body_timeout_s > 0):
+            raise ValueError(f"body_timeout_s={body_timeout_s!r} must be a number of seconds > 0")
+        self.backend = backend
+        self.input_shape = tuple(input_shape)
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = float(body_timeout_s)
+        self.draining = False  # new predictions are refused (503)
+        self.unready = False  # /readyz answers 503, predictions are still served
+        self.metrics = ServingMetrics(queue_length=backend.queue_len)
+        backend.set_batch_observer(self.metrics.batch_size.observe)
+        self._app = Starlette(
+            routes=[
+                Route("/predict", self._predict, methods=["POST"]),
+                Route("/healthz", self._healthz, methods=["GET"]),
+                Route("/readyz", self._readyz, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
+                Route("/stats", self._stats, methods=["GET"]),
+            ],
+            exception_handlers={HTTPException: self._http_error},
+            lifespan=self._lifespan,
+        )
+
+    async def __call__(self, scope, receive, send) -> None:
+        # The door: the request's deadline budget and its latency start here, or earlier where the server stamped
+        # the scope when the headers were parsed (subnetact.serving.serve does).
+        if ARRIVED not in scope:
+            scope[ARRIVED] = (time.perf_counter(), time.time())
+        await self._app(scope, receive, send)
+
+    def mark_unready(self) -> None:
+        """Answer ``/readyz`` with 503 from now on, still serving predictions (the first phase of a drain)."""
+        self.unready = True
+
+    def begin_drain(self) -> None:
+        """Answer new predictions and ``/readyz`` with 503 from now on (on SIGTERM)."""
+        self.unready = self.draining = True
+
+    # ------------------------------------------------------------------ responses
+    @staticmethod
+    def _json(status: int, body: dict[str, Any], headers: dict[str, str] | None = None):
+        from starlette.responses import Response
+
+        return Response(json.dumps(body), status, headers=headers, media_type=JSON_TYPE)
+
+    async def _http_error(self, request, exc):
+        # Starlette's own 404/405 (plain text by default) as JSON, keeping its headers (Allow on 405).
+        what = {404: "not found", 405: "method not allowed"}.get(exc.status_code, exc.detail)
+        detail = f"{request.method} {request.url.path}"
+        if exc.status_code == 405:
+            allow = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
+            detail += f"; allowed: {allow}"
+        self.metrics.requests.labels(what.replace(" ", "_")).inc()
+        return self._json(exc.status_code, {"error": what, "detail": detail}, exc.headers)
+
+    # ------------------------------------------------------------------ endpoints
+    async def _predict(self, request):
+        arrived, arrived_wall = request.scope[ARRIVED]
+        try:
+            answer = await self._serve(request, arrived_wall)
+        except _Answer as a:
+            self.metrics.observe(a.outcome, time.perf_counter() - arrived)
+            return self._json(a.status, a.body, a.headers)
+        latency = time.perf_counter() - arrived
+        on_time = latency <= answer.pop("_budget_s")
+        self.metrics.observe("ok" if on_time else "late", latency, answer.get("subnet"))
+        answer["latency_ms"] = round(1e3 * latency, 3)
+        answer["on_time"] = on_time
+        return self._json(200 if on_time else 504, answer)
+
+    async def _serve(self, request, arrived_wall: float) -> dict[str, Any]:
+        if self.draining:
+            raise _Answer(503, "unavailable", {"error": "server is draining"}, {"retry-after": "1", **_CLOSE})
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media not in (JSON_TYPE, TENSOR_TYPE):
+            raise _Answer(
+                415,
+                "unsupported_media_type",
+                {"error": f"Content-Type {media or '(none)'!r} is not supported; use {JSON_TYPE} or {TENSOR_TYPE}"},
+            )
+        length = request.headers.get("content-length")
+        if length is not None and int(length) > self.max_body_bytes:  # the HTTP parser already checked it is an int
+            raise self._too_large(int(length))
+        try:
+            body = await asyncio.wait_for(self._read_body(request), self.body_timeout_s)
+        except asyncio.TimeoutError:
+            raise _Answer(
+                408, "timeout", {"error": f"the body did not arrive within {self.body_timeout_s:g} s"}, _CLOSE
+            ) from None
+        try:
+            budget_ms = None
+            header = request.headers.get(DEADLINE_HEADER)
+            if media == JSON_TYPE:
+                payload, budget_ms = decode_json(body, self.input_shape)
+            else:
+                payload = decode_tensor(body, self.input_shape)
+            if header is not None:
+                if budget_ms is not None:
+                    raise RequestError(400, "give the deadline as the X-Deadline-Ms header or deadline_ms, not both")
+                budget_ms = parse_budget_ms(header, "X-Deadline-Ms")
+        except RequestError as exc:
+            raise _Answer(exc.status, "bad_request", {"error": str(exc)}) from None
+        budget_ms = self.default_deadline_ms if budget_ms is None else budget_ms
+        try:
+            result = await self.backend.infer(payload, arrived_wall + budget_ms / 1e3)
+        except DeadlineMissedError as exc:
+            raise _Answer(
+                504, "deadline_missed", {"error": "deadline missed", "detail": str(exc), "deadline_ms": budget_ms}
+            ) from None
+        except QueueFullError as exc:
+            raise _Answer(429, "queue_full", {"error": "queue full", "detail": str(exc)}) from None
+        except (NoWorkersError, SchedulerClosedError, WorkerFailedError) as exc:
+            raise _Answer(
+                503, "unavailable", {"error": "no inference worker", "detail": str(exc)}, {"retry-after": "1"}
+            ) from None
+        except Exception as exc:  # noqa: BLE001 - the model's own failure: answer 500, keep serving
+            raise _Answer(
+                500, "failed", {"error": "inference failed", "detail": f"{type(exc).__name__}: {exc}"}
+            ) from None
+        answer = dict(result)
+        answer["subnet_accuracy"] = self.backend.profile.subnet(answer["subnet"]).accuracy
+        answer["_budget_s"] = budget_ms / 1e3
+        return answer
+
+    def _too_large(self, size: int) -> _Answer:
+        return _Answer(
+            413,
+            "too_large",
+            {"error": f"body of {size} bytes exceeds the limit of {self.max_body_bytes} bytes"},
+            _CLOSE,
+        )
+
+    async def _read_body(self, request) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():  # chunked bodies have no Content-Length: count as they come
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large(size)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def _healthz(self, request):
+        return self._json(200, {"ok": True})
+
+    async def _readyz(self, request):
+        if self.unready:
+            return self._json(503, {"ready": False, "reason": "draining"})
+        if not self.backend.ready():
+            return self._json(503, {"ready": False, "reason": "no live worker"})
+        return self._json(200, {"ready": True})
+
+    async def _metrics(self, request):
+        from starlette.responses import Response
+
+        body, content_type = self.metrics.render()
+        return Response(body, 200, media_type=content_type)
+
+    async def _stats(self, request):
+        return self._json(
+            200,
+            {"latency": self.metrics.window.percentiles(50, 90, 99), "queue_len": self.backend.queue_len()},
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app):
+        yield
+        # uvicorn has stopped accepting and finished the in-flight requests; serve what is still queued, then stop.
+        self.begin_drain()
+        await self.backend.close()

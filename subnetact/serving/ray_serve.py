@@ -1,0 +1,471 @@
+"""SuperServe's architecture on Ray Serve: one router with the EDF queue and the policy, N single-batch workers.
+
+::
+
+    client --HTTP--> Ray's proxy (every node) --> Router (1 replica)  ServingApp front end + EDF queue + policy:
+                                                       |              the shared scheduling.dispatch_step
+                                                       |  run(subnet_id, payloads): one batch at a time per worker
+                                                       v
+                                                  Worker actors x N   each loads the model from a subnetact.save file
+
+- **The router is the ingress**: Ray's proxy terminates HTTP and forwards to the router replica, which runs the
+  :class:`~subnetact.serving.ServingApp` front end (parsing, deadlines, JSON errors, metrics) with itself as the
+  backend. A separate ingress deployment would cost one more actor call per request for no gain: the router must see
+  every request anyway.
+- **Model distribution.** A converted model does not pickle; workers get a :class:`~subnetact.serving.ModelSpec`
+  (checkpoint path, factory, profile: plain data) and each loads the :func:`subnetact.save` file itself. The file
+  must be readable at that path on every node (shared storage, or baked into the image).
+- **Deadlines** cross processes as wall-clock times (``time.time()``): :meth:`Router.submit` takes one from callers
+  in other processes or hosts and converts it to the router's ``time.monotonic()``. Over HTTP the budget starts when
+  the request reaches the router (Ray's proxy hop before that is not counted).
+- **Workers** are Ray actors owned by the router (not Serve replicas), so the router knows which one is free and
+  sends each a batch only when it is idle, as in the paper. ``reconfigure({"num_workers": n})`` (Serve's
+  ``user_config``) or :meth:`Router.scale` adds or removes workers while serving; a removed worker finishes its
+  batch first.
+- **Worker death.** A batch whose worker dies is put back in the queue once (it is retried on another worker if its
+  deadline still allows, else dropped as missed); if a retried request's worker dies too, it fails with
+  ``WorkerFailedError`` (HTTP 503). Every request completes exactly once: the router holds one future per request.
+
+:func:`build_app` returns the bound application for ``serve.run``; :func:`serve_batch_app` is the Clipper+-style
+baseline on the same engine (Ray's ``@serve.batch`` running one fixed subnet, or a policy through
+:func:`scheduling.plan_batch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray import serve
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+
+from scheduling import (
+    DeadlineMissedError,
+    EDFQueue,
+    LatencyModel,
+    NoWorkersError,
+    QueueFullError,
+    SchedulerClosedError,
+    WorkerFailedError,
+    dispatch_step,
+    plan_batch,
+)
+
+from .app import ServingApp
+from .backend import make_policy, wall_to_monotonic
+from .runner import ModelSpec
+
+__all__ = [
+    "WORKER_NAMESPACE",
+    "Router",
+    "Worker",
+    "app_builder",
+    "build_app",
+    "serve_batch_app",
+]
+
+WORKER_NAMESPACE = "subnetact"
+"""The Ray namespace of the worker actors."""
+
+_WORKER_DIED = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class Worker:
+    """A worker actor: loads the model from its spec and runs one batch per call (``max_concurrency=1``)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.runner = spec.build()
+
+    def run(self, subnet_id: Any, payloads: list[Any]) -> list[dict[str, Any]]:
+        return self.runner(subnet_id, payloads)
+
+    def ready(self) -> bool:
+        return True
+
+
+@dataclass(eq=False)
+class _WorkerSlot:
+    wid: int
+    name: str
+    actor: Any
+    busy: bool = False
+    retiring: bool = False
+
+
+@dataclass(eq=False)
+class _Request:
+    future: asyncio.Future
+    payload: Any
+    attempts: int = 0  # batches it was sent in whose worker died
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=1, max_ongoing_requests=100_000)
+@serve.ingress()
+class Router:
+    """The one router and HTTP ingress: front end, EDF queue and policy for all workers (see the module docstring).
+
+    It is the :class:`~subnetact.serving.ServingApp`'s backend (``infer``, ``queue_len``, ``ready``, ``close``);
+    handle methods: :meth:`scale`, :meth:`stats`, :meth:`worker_names`, :meth:`submit`.
+
+    Args:
+        spec: The model; every worker builds it.
+        policy: A policy name for :func:`~subnetact.serving.make_policy` (``"slackfit"``...).
+        num_workers: Workers at start (changed later by :meth:`scale` / ``reconfigure``).
+        max_queue: Queue capacity; beyond it ``QueueFullError`` (HTTP 429).
+        worker_options: Ray actor options of each worker, e.g. ``{"num_cpus": 1}`` (default) or
+            ``{"num_gpus": 1}``.
+        name_prefix: Workers are named actors ``f"{name_prefix}-{i}"`` in the Ray namespace ``WORKER_NAMESPACE``
+            (``ray.get_actor(name, namespace=WORKER_NAMESPACE)``).
+        app_options: Keyword arguments of :class:`~subnetact.serving.ServingApp` (``default_deadline_ms``...).
+        adaptive: Refine the profile from measured batch times with a :class:`scheduling.LatencyModel` (slow workers
+            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``.
+    """
+
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        policy: str = "slackfit",
+        num_workers: int = 2,
+        max_queue: int = 1000,
+        worker_options: dict[str, Any] | None = None,
+        name_prefix: str = "subnetact-worker",
+        app_options: dict[str, Any] | None = None,
+        adaptive: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.profile = spec.load_profile()
+        self.policy = make_policy(policy, self.profile)
+        # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
+        # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
+        self.latency_model = LatencyModel(self.profile) if adaptive else None
+        if self.latency_model is not None:
+            self.policy.update_profile(self.latency_model.prior)
+        self.queue = EDFQueue(capacity=max_queue)
+        self.worker_options = {"num_cpus": 1, **(worker_options or {})}
+        self.name_prefix = name_prefix
+        self.workers: dict[int, _WorkerSlot] = {}
+        self._ids = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.counts = {"submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0}
+        self._observe_batch: Any = None
+        self._closing = False
+        for w in self._start_workers(num_workers):
+            self.workers[w.wid] = w
+        self.front_end = ServingApp(self, input_shape=spec.input_shape, **(app_options or {}))
+
+    def __serve_build_asgi_app__(self) -> ServingApp:
+        return self.front_end
+
+    # ------------------------------------------------------------------ workers
+    def _start_workers(self, n: int) -> list[_WorkerSlot]:
+        """Start ``n`` worker actors and wait until each has loaded the model."""
+        cls = ray.remote(max_concurrency=1, max_restarts=0, max_task_retries=0, **self.worker_options)(Worker)
+        slots = []
+        for _ in range(n):
+            wid = next(self._ids)
+            name = f"{self.name_prefix}-{wid}"
+            slots.append(_WorkerSlot(wid, name, cls.options(name=name, namespace=WORKER_NAMESPACE).remote(self.spec)))
+        ray.get([s.actor.ready.remote() for s in slots], timeout=300)  # the model is loaded: serve from here on
+        return slots
+
+    async def scale(self, num_workers: int) -> list[str]:
+        """Run ``num_workers`` workers from now on; returns the live workers' names. Removed workers finish their
+        batch first."""
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0")
+        live = [w for w in self.workers.values() if not w.retiring]
+        if num_workers > len(live):
+            # Loading takes seconds: wait in a thread, then add the workers from the event loop (which owns the dict).
+            new = await asyncio.get_running_loop().run_in_executor(None, self._start_workers, num_workers - len(live))
+            for w in new:
+                self.workers[w.wid] = w
+        for w in sorted(live, key=lambda w: (w.busy, -w.wid))[: max(0, len(live) - num_workers)]:
+            w.retiring = True
+            if not w.busy:
+                self._drop_worker(w, kill=True)
+        self._kick()
+        return self.worker_names()
+
+    async def reconfigure(self, config: dict[str, Any]) -> None:
+        """Serve's ``user_config`` hook: ``{"num_workers": n}``."""
+        if "num_workers" in config:
+            await self.scale(int(config["num_workers"]))
+
+    def _drop_worker(self, w: _WorkerSlot, *, kill: bool) -> None:
+        self.workers.pop(w.wid, None)
+        if kill:
+            ray.kill(w.actor, no_restart=True)
+        if not self.workers:
+            for e in self.queue.drain():
+                self._complete(e[3], exc=NoWorkersError("no live worker is left"))
+
+    def worker_names(self) -> list[str]:
+        """Names of the live workers (named Ray actors)."""
+        return [w.name for w in self.workers.values() if not w.retiring]
+
+    # ------------------------------------------------------------------ requests
+    async def submit(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
+        """Queue one request with its wall-clock deadline (for callers holding a handle instead of using HTTP);
+        returns the worker's answer or raises a :mod:`scheduling` error (``DeadlineMissedError``,
+        ``QueueFullError``, ``NoWorkersError``, ``WorkerFailedError``) or the model's exception."""
+        return await self.infer(payload, deadline_wall)
+
+    async def infer(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
+        """The front end's backend call: see :meth:`submit`."""
+        self._ensure_loop()
+        self.counts["submitted"] += 1
+        req = _Request(asyncio.get_running_loop().create_future(), payload)
+        if self._closing:
+            self._complete(req, exc=SchedulerClosedError("the router is shutting down"))
+        elif not self.workers:
+            self._complete(req, exc=NoWorkersError("no live worker; scale the router up"))
+        elif len(self.queue) >= self.queue.capacity:
+            self._complete(req, exc=QueueFullError(f"queue is full (max_queue={self.queue.capacity})"))
+        else:
+            now = time.monotonic()
+            self.queue.push(wall_to_monotonic(deadline_wall), now, req)
+            if self.policy.needs_arrivals:
+                self.policy.observe_arrivals(now, 1)
+            self._kick()
+        return await req.future
+
+    def queue_len(self) -> int:
+        return len(self.queue)
+
+    def ready(self) -> bool:
+        return not self._closing and any(not w.retiring for w in self.workers.values())
+
+    def set_batch_observer(self, fn: Any) -> None:
+        self._observe_batch = fn
+
+    async def close(self) -> None:
+        """Stop accepting; serve (or drop, by deadline) what is queued; wait for the running batches (<= 60 s)."""
+        self._closing = True
+        limit = time.monotonic() + 60.0
+        while (self.queue or self._tasks) and self.workers and time.monotonic() < limit:
+            self._kick()
+            await asyncio.sleep(0.01)
+
+    def _complete(self, req: _Request, result: Any = None, exc: BaseException | None = None) -> None:
+        if req.future.done():  # the caller went away (cancelled); it was still counted once
+            return
+        self.counts["completed"] += 1
+        if exc is not None:
+            req.future.set_exception(exc)
+        else:
+            req.future.set_result(result)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (submitted, completed, batches, retried, worker_deaths), queue length and live workers."""
+        return {**self.counts, "queue_len": len(self.queue), "workers": self.worker_names()}
+
+    # ------------------------------------------------------------------ the dispatch loop
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None:
+            self._wake = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._dispatch_loop())
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _dispatch_loop(self) -> None:
+        q, policy = self.queue, self.policy
+        timeout = None
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            timeout = None
+            while q:
+                free = [w for w in self.workers.values() if not w.busy and not w.retiring]
+                if not free:
+                    break
+                now = time.monotonic()
+                w = free[0]
+                scale = 1.0 if self.latency_model is None else self.latency_model.slack_scale(w.wid)
+                step = dispatch_step(q, policy, now, scale)  # the same step as scheduling.Scheduler and simulate()
+                for e in step.expired:
+                    slack_ms = 1e3 * (e[0] - now)
+                    self._complete(
+                        e[3], exc=DeadlineMissedError(f"dropped: remaining slack {slack_ms:.3f} ms is too short")
+                    )
+                if step.decision is None:
+                    if q:
+                        timeout = step.wake_at - now
+                    break
+                w.busy = True
+                self.counts["batches"] += 1
+                if self._observe_batch is not None:
+                    self._observe_batch(len(step.batch))
+                task = asyncio.get_running_loop().create_task(self._run_batch(w, step.decision.subnet_id, step.batch))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _run_batch(self, w: _WorkerSlot, subnet_id: Any, batch: list) -> None:
+        requests = [e[3] for e in batch]
+        t_start = time.monotonic()
+        try:
+            results = await w.actor.run.remote(subnet_id, [r.payload for r in requests])
+        except _WORKER_DIED as exc:
+            self.counts["worker_deaths"] += 1
+            self._drop_worker(w, kill=False)
+            self._retry_once(batch, exc)
+        except Exception as exc:  # noqa: BLE001 - the model raised: fail this batch, the worker keeps serving
+            for r in requests:
+                self._complete(r, exc=RuntimeError(f"worker {w.name} failed: {type(exc).__name__}: {exc}"))
+        else:
+            t_done = time.monotonic()
+            model = self.latency_model
+            if model is not None and model.record(w.wid, subnet_id, len(requests), t_done - t_start, t_done):
+                model.replan(self.policy, t_done)
+            for r, res in zip(requests, results, strict=True):
+                self._complete(r, res)
+        finally:
+            w.busy = False
+            if w.retiring and w.wid in self.workers:
+                self._drop_worker(w, kill=True)
+            self._kick()
+
+    def _retry_once(self, batch: list, exc: BaseException) -> None:
+        for deadline, _, arrival, req in batch:
+            if req.attempts >= 1 or not self.workers:
+                self._complete(req, exc=WorkerFailedError(f"the worker running this request died twice: {exc}"))
+                continue
+            req.attempts += 1
+            self.counts["retried"] += 1
+            self.queue.push(deadline, arrival, req)  # the drop rule decides whether it can still make it
+
+
+def build_app(
+    spec: ModelSpec,
+    *,
+    num_workers: int = 2,
+    policy: str = "slackfit",
+    max_queue: int = 1000,
+    worker_options: dict[str, Any] | None = None,
+    name_prefix: str = "subnetact-worker",
+    app_options: dict[str, Any] | None = None,
+    adaptive: bool = False,
+) -> Any:
+    """The bound Serve application (Ray's proxy -> router -> workers) for ``serve.run``; the arguments are
+    :class:`Router`'s.
+
+    Example::
+
+        >>> ray.init(); serve.start(http_options={"host": "0.0.0.0", "port": 8000})
+        >>> serve.run(build_app(digits_spec(), num_workers=2), name="subnetact", route_prefix="/")
+        >>> serve.get_deployment_handle("Router", "subnetact").scale.remote(3)   # add a worker while serving
+    """
+    return Router.bind(
+        spec,
+        policy=policy,
+        num_workers=num_workers,
+        max_queue=max_queue,
+        worker_options=worker_options,
+        name_prefix=name_prefix,
+        app_options=app_options,
+        adaptive=adaptive,
+    )
+
+
+def serve_batch_app(
+    spec: ModelSpec,
+    *,
+    policy: str = "fixed:0",
+    num_replicas: int = 1,
+    max_batch_size: int = 16,
+    batch_wait_timeout_s: float = 0.002,
+    default_deadline_ms: float = 100.0,
+) -> Any:
+    """The baseline on the same engine: Ray's own ``@serve.batch`` forms batches; each batch runs through
+    :func:`scheduling.plan_batch` with ``policy`` (``"fixed:<id>"``: Clipper+, one subnet; ``"slackfit"``: SlackFit on
+    a framework batcher). The same HTTP front end (``POST /predict``...) runs in the model's replica.
+    """
+
+    @serve.deployment(num_replicas=num_replicas, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 1})
+    @serve.ingress()
+    class BatchedModel:
+        """Ingress and model in one replica, as Ray Serve's own examples do."""
+
+        def __init__(self) -> None:
+            self.runner = spec.build()
+            self.profile = self.runner.profile
+            self.policy = make_policy(policy, self.profile)
+            self._observe_batch: Any = None
+            self.front_end = ServingApp(self, input_shape=spec.input_shape, default_deadline_ms=default_deadline_ms)
+
+        def __serve_build_asgi_app__(self) -> ServingApp:
+            return self.front_end
+
+        @serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)
+        async def _batch(self, items: list[tuple[Any, float]]) -> list[Any]:
+            answers: list[Any] = [None] * len(items)
+            pending = list(range(len(items)))
+            while pending:
+                plan = plan_batch(self.policy, [wall_to_monotonic(items[i][1]) for i in pending], time.monotonic())
+                for i in plan.drop:
+                    answers[pending[i]] = DeadlineMissedError("dropped: the deadline can no longer be met")
+                if plan.run:
+                    if self._observe_batch is not None:
+                        self._observe_batch(len(plan.run))
+                    outs = self.runner(plan.subnet_id, [items[pending[i]][0] for i in plan.run])
+                    for i, out in zip(plan.run, outs, strict=True):
+                        answers[pending[i]] = out
+                pending = [pending[i] for i in plan.defer]
+            return answers
+
+        async def infer(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
+            answer = await self._batch((payload, deadline_wall))
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        def queue_len(self) -> int:
+            return 0  # @serve.batch's queue is not visible
+
+        def ready(self) -> bool:
+            return True
+
+        def set_batch_observer(self, fn: Any) -> None:
+            self._observe_batch = fn
+
+        async def close(self) -> None:
+            """Ray Serve drains the replica's ongoing requests itself."""
+
+    return BatchedModel.bind()
+
+
+def app_builder(args: dict[str, Any]) -> Any:
+    """Application builder for a Serve config file (``import_path: subnetact.serving.ray_serve:app_builder``).
+
+    ``args``: ``checkpoint``, ``factory``, ``profile`` (JSON path), ``input_shape`` (list) and optionally
+    ``postprocess``, ``device``, ``threads``, ``num_workers`` (default 2), ``policy``, ``max_queue``,
+    ``worker_options`` and ``app_options`` (keyword arguments of :class:`ServingApp`); or ``digits: true`` for the
+    shipped digits supernet (its profile measured on the router's node unless ``profile`` is given).
+    """
+    args = dict(args)
+    if args.pop("digits", False):
+        from .digits import digits_spec
+
+        spec = digits_spec(args.pop("profile", None), threads=args.pop("threads", None))
+    else:
+        spec = ModelSpec(
+            checkpoint=args.pop("checkpoint"),
+            factory=args.pop("factory"),
+            profile=args.pop("profile"),
+            input_shape=tuple(args.pop("input_shape")),
+            postprocess=args.pop("postprocess", "argmax"),
+            device=args.pop("device", "cpu"),
+            threads=args.pop("threads", None),
+        )
+    return build_app(spec, **args)

@@ -1,0 +1,374 @@
+"""Families beyond BERT/RoBERTa/ViT (issue 11): ELECTRA, XLM-R, DistilBERT, DeiT and DeBERTa-v2 (whose attention
+reshapes by its head count, which the converted attention sets per subnet) are built in with exact parity; ALBERT
+(one layer shared by every position), and a DeBERTa-v2 family that forgets the per-subnet head count or the
+relative-position projections, are refused by the verification that runs on the real model, before anything
+changes; an unregistered Hugging Face class is told to use ``subnetact.hf.register_family``.
+
+The reference for a subnet is the *original* model's own forward with the output projection's input columns of
+the dropped heads and ``fc2``'s input columns of the dropped neurons zeroed (which is what dropping whole heads and
+neurons means: attention is computed per head), and with its layer list cut to the kept layers. It uses neither
+subnetact's operators nor its export.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from hf_models import transformers
+from torch import nn
+
+import subnetact
+from subnetact.hf import TransformerFamily, register_family
+
+HIDDEN, HEADS, LAYERS, FFN = 48, 4, 4, 64
+TEXT = dict(
+    vocab_size=64,
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=FFN,
+    max_position_embeddings=40,
+    pad_token_id=1,
+)
+IMAGE = dict(
+    hidden_size=HIDDEN,
+    num_hidden_layers=LAYERS,
+    num_attention_heads=HEADS,
+    intermediate_size=FFN,
+    image_size=16,
+    patch_size=4,
+    num_labels=3,
+)
+# family -> (layer list, output projection, fc2, config attribute of the FFN width); written out here, not taken
+# from subnetact's families.
+PATHS = {
+    "electra": ("electra.encoder.layer", "attention.output.dense", "output.dense", "intermediate_size"),
+    "xlm-roberta": ("roberta.encoder.layer", "attention.output.dense", "output.dense", "intermediate_size"),
+    "distilbert": ("distilbert.transformer.layer", "attention.out_lin", "ffn.lin2", "hidden_dim"),
+    "deit": ("deit.layers", "attention.o_proj", "mlp.fc2", "intermediate_size"),
+    "deberta-v2": ("deberta.encoder.layer", "attention.output.dense", "output.dense", "intermediate_size"),
+}
+DEBERTA_VARIANTS = {  # relative attention with c2p/p2c projections (the default here), shared key, absolute
+    "relative": dict(relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8),
+    "shared-key": dict(
+        relative_attention=True,
+        share_att_key=True,
+        pos_att_type=["p2c", "c2p"],
+        position_buckets=8,
+        norm_rel_ebd="layer_norm",
+    ),
+    "absolute": dict(relative_attention=False),
+}
+
+
+def build(name: str, attn: str = "sdpa", head: str = "cls", variant: str = "relative") -> nn.Module:
+    t = transformers
+    torch.manual_seed(0)
+    if name == "deberta-v2":  # one attention implementation (its own); attn is ignored
+        cls = t.DebertaV2ForSequenceClassification if head == "cls" else t.DebertaV2Model
+        model = cls(t.DebertaV2Config(**TEXT, **DEBERTA_VARIANTS[variant]))
+    elif name == "electra":
+        cls = t.ElectraForSequenceClassification if head == "cls" else t.ElectraModel
+        model = cls(t.ElectraConfig(embedding_size=HIDDEN, attn_implementation=attn, **TEXT))
+    elif name == "xlm-roberta":
+        cls = t.XLMRobertaForSequenceClassification if head == "cls" else t.XLMRobertaModel
+        model = cls(t.XLMRobertaConfig(attn_implementation=attn, **TEXT))
+    elif name == "distilbert":
+        cls = t.DistilBertForSequenceClassification if head == "cls" else t.DistilBertModel
+        cfg = t.DistilBertConfig(
+            vocab_size=64, dim=HIDDEN, n_layers=LAYERS, n_heads=HEADS, hidden_dim=FFN, max_position_embeddings=40
+        )
+        cfg._attn_implementation = attn
+        model = cls(cfg)
+    else:
+        cls = {
+            "cls": t.DeiTForImageClassification,
+            "teacher": t.DeiTForImageClassificationWithTeacher,
+            "base": t.DeiTModel,
+        }[head]
+        model = cls(t.DeiTConfig(attn_implementation=attn, **IMAGE))
+    return model.eval()
+
+
+def inputs(name: str) -> dict:
+    g = torch.Generator().manual_seed(1)
+    if name == "deit":
+        return {"pixel_values": torch.randn(2, 3, 16, 16, generator=g)}
+    return {"input_ids": torch.randint(2, 64, (2, 10), generator=g)}
+
+
+def main(out) -> torch.Tensor:
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def n_active(w: float, n: int) -> int:
+    return max(1, math.ceil(w * n - 1e-9))
+
+
+def reference(name: str, original: nn.Module, depth: int, heads: list[float], ffn: list[float]) -> nn.Module:
+    layers_path, out_path, fc2_path, _ = PATHS[name]
+    layers_path = layers_path if hasattr(original, layers_path.split(".")[0]) else layers_path.split(".", 1)[1]
+    ref = copy.deepcopy(original)
+    layers = ref.get_submodule(layers_path)
+    head_size = HIDDEN // HEADS
+    with torch.no_grad():
+        for layer, h, f in zip(layers, heads, ffn):
+            layer.get_submodule(out_path).weight[:, n_active(h, HEADS) * head_size :] = 0
+            layer.get_submodule(fc2_path).weight[:, n_active(f, FFN) :] = 0
+    parent, _, leaf = layers_path.rpartition(".")
+    kept = [i * LAYERS // depth for i in range(depth)]
+    setattr(ref.get_submodule(parent), leaf, nn.ModuleList([layers[i] for i in kept]))
+    return ref
+
+
+@pytest.mark.parametrize("name", list(PATHS))
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_builtin_family_parity(name, attn):
+    original = build(name, attn)
+    model = subnetact.convert(copy.deepcopy(original))
+    x = inputs(name)
+    subnets = [
+        (LAYERS, [1.0] * 4, [1.0] * 4),
+        (1, [0.25] * 4, [0.25] * 4),
+        (2, [0.5] * 4, [0.5] * 4),
+        (3, [0.25, 1.0, 0.5, 0.75], [1.0, 0.25, 0.75, 0.5]),
+    ]
+    with torch.no_grad():
+        torch.testing.assert_close(main(model(**x)), main(original(**x)), atol=1e-6, rtol=0)
+        for depth, heads, ffn in subnets:
+            cfg = model.space.make(depth=depth, heads=heads, ffn=ffn)
+            got = main(model(**x, subnet=cfg))
+            want = main(reference(name, original, depth, heads, ffn)(**x))
+            exported = model.export(cfg).eval()
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            torch.testing.assert_close(main(exported(**x)), got, atol=1e-6, rtol=0)
+    assert type(exported) is type(original)
+    assert not any(isinstance(m, subnetact.operator.Operator) for m in exported.modules())
+
+
+@pytest.mark.parametrize("name", list(PATHS))
+def test_exported_config_describes_the_subnet(name):
+    model = subnetact.convert(build(name))
+    exported = model.export(model.space.make(depth=2, width=0.5))
+    cfg = exported.config
+    ffn_attr = PATHS[name][3]
+    assert (cfg.num_hidden_layers, cfg.num_attention_heads, getattr(cfg, ffn_attr)) == (2, 2, 32)
+    assert cfg.subnetact_subnet["supernet_layers"] == [0, 2]
+    if name == "deit":  # DeiT reads head_dim from its config, so the config alone rebuilds the subnet
+        rebuilt = type(exported)(cfg).eval()
+        rebuilt.load_state_dict(exported.state_dict(), strict=True)
+        x = inputs(name)
+        with torch.no_grad():
+            torch.testing.assert_close(rebuilt(**x).logits, exported.eval()(**x).logits, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "head", "variant"),
+    [
+        ("deit", "teacher", None),
+        ("deit", "base", None),
+        ("distilbert", "base", None),
+        ("deberta-v2", "base", "relative"),  # last_hidden_state: scale ~1, not a classifier's ~0.01
+        ("deberta-v2", "base", "shared-key"),
+        ("deberta-v2", "base", "absolute"),
+    ],
+)
+def test_other_builtin_classes(name, head, variant):
+    original = build(name, head=head, variant=variant)
+    model = subnetact.convert(copy.deepcopy(original))
+    x = inputs(name)
+    cfg = model.space.make(depth=3, width=0.5)
+    with torch.no_grad():
+        torch.testing.assert_close(main(model(**x)), main(original(**x)), atol=1e-6, rtol=0)
+        want = main(reference(name, original, 3, [0.5] * 4, [0.5] * 4)(**x))
+        torch.testing.assert_close(main(model(**x, subnet=cfg)), want, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(main(model.export(cfg).eval()(**x)), want, atol=1e-5, rtol=1e-4)
+
+
+def test_verification_leaves_a_training_model_training():
+    model = build("electra").train()
+    subnetact.convert(model)
+    assert model.training and all(m.training for m in model.modules())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+
+
+# -- refused families --------------------------------------------------------------------------------------------
+ALBERT = TransformerFamily(
+    name="albert",
+    layer_class="AlbertLayer",
+    attention="attention",
+    query="attention.query",
+    key="attention.key",
+    value="attention.value",
+    out="attention.dense",
+    fc1="ffn",
+    fc2="ffn_output",
+)
+DEBERTA_V2 = subnetact.hf.DEBERTA_V2
+
+
+def _albert(**kw):
+    cfg = transformers.AlbertConfig(embedding_size=16, **{**TEXT, **kw})
+    return transformers.AlbertForSequenceClassification(cfg).eval()
+
+
+def _deberta(**kw):
+    # A class the built-in DeBERTa-v2 family is not registered for: the test registers the wrong family on it.
+    return transformers.DebertaV2ForTokenClassification(transformers.DebertaV2Config(**TEXT, **kw)).eval()
+
+
+REFUSED = {
+    "albert-shared-layer": (
+        ALBERT,
+        lambda: _albert(),
+        r"albert_layers\.0 \(AlbertLayer\) runs 4 times in one forward; .*one layer shared by several positions",
+    ),
+    "albert-one-group-of-4": (
+        ALBERT,
+        lambda: _albert(num_hidden_layers=1, inner_group_num=4),
+        r"config\.num_hidden_layers=1 but 'albert\.encoder\.albert_layer_groups\.0\.albert_layers' holds 4 layers",
+    ),
+    "deberta-v2-fixed-head-count": (
+        dataclasses.replace(DEBERTA_V2, name="deberta-v2-fixed", head_count_per_subnet=False),
+        lambda: _deberta(relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8),
+        r"runs fewer heads wrongly at deberta\.encoder\.layer\.0\.attention\.self \(DisentangledSelfAttention\): "
+        r"with 1 of 4 heads per layer an output differs from the masked full model",
+    ),
+    "deberta-v2-absolute-fixed-head-count": (
+        dataclasses.replace(DEBERTA_V2, name="deberta-v2-fixed", head_count_per_subnet=False),
+        lambda: _deberta(relative_attention=False),
+        r"fewer heads wrongly .*differs from the masked full model .*needs head_count_per_subnet=True",
+    ),
+    "deberta-v2-without-position-projections": (
+        dataclasses.replace(DEBERTA_V2, name="deberta-v2-nopos", extra_head_projections=()),
+        lambda: _deberta(relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8),
+        r"deberta-v2-nopos family runs fewer heads wrongly at deberta\.encoder\.layer\.0\.attention\.self .*"
+        r"the forward fails .*must be named by the family",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_family_that_does_not_describe_the_model_is_refused_unchanged(case):
+    family, make, match = REFUSED[case]
+    torch.manual_seed(0)
+    model = make()
+    register_family(family, [f"{type(model).__module__}.{type(model).__qualname__}"])
+    model.train()
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(subnetact.UnsupportedModelError, match=match) as info:
+        subnetact.convert(model)
+    assert isinstance(info.value, subnetact.SubnetActError)
+    assert type(model) is make().__class__ and not isinstance(model, subnetact.SupernetMixin)
+    assert all(m.training for m in model.modules())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert model.state_dict().keys() == state.keys()
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+
+
+# -- unregistered classes ----------------------------------------------------------------------------------------
+def test_unregistered_head_of_a_known_family_is_told_the_register_family_call():
+    torch.manual_seed(0)
+    model = transformers.XLMRobertaForMaskedLM(transformers.XLMRobertaConfig(**TEXT))
+    qualname = "transformers.models.xlm_roberta.modeling_xlm_roberta.XLMRobertaForMaskedLM"
+    with pytest.raises(subnetact.UnsupportedModelError) as info:
+        subnetact.convert(model)
+    msg = str(info.value)
+    assert f"subnetact.hf.register_family(subnetact.hf.XLM_ROBERTA, [{qualname!r}])" in msg
+    assert "register_block_rule" not in msg and "'roberta.encoder.layer' (XLMRobertaLayer)" in msg
+    assert not isinstance(model, subnetact.SupernetMixin)
+    register_family(subnetact.hf.XLM_ROBERTA, [qualname])
+    subnetact.convert(model.eval())  # the call the message names works
+
+
+def test_unregistered_family_is_told_to_describe_it():
+    torch.manual_seed(0)
+    model = transformers.ErnieModel(transformers.ErnieConfig(**TEXT))  # ErnieLayer: no family knows it
+    with pytest.raises(subnetact.UnsupportedModelError, match=r"describe its encoder layer with a subnetact\.hf") as e:
+        subnetact.convert(model)
+    assert "subnetact.hf.register_family(family, ['transformers.models.ernie.modeling_ernie.ErnieModel'])" in str(
+        e.value
+    )
+
+
+def test_unregistered_non_transformer_goes_through_the_generic_analysis():
+    model = transformers.ResNetForImageClassification(
+        transformers.ResNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], num_labels=3)
+    )
+    with pytest.raises(subnetact.UnsupportedModelError) as info:
+        subnetact.convert(model)
+    msg = str(info.value)
+    assert "ResNetBottleNeckLayer" in msg  # the generic analysis' own message
+    assert "If ResNetForImageClassification is a transformer encoder" in msg and "register_family" in msg
+
+
+def test_register_family_example_inputs_feed_the_verification():
+    seen = []
+
+    def example(model):
+        seen.append(type(model).__name__)
+        return {"input_ids": torch.randint(2, 64, (1, 2, 5))}  # (batch, choices, tokens)
+
+    qualname = "transformers.models.bert.modeling_bert.BertForMultipleChoice"
+    with pytest.raises(subnetact.errors.ConfigError, match=r"example_inputs=3 must be a callable model -> dict"):
+        register_family(subnetact.hf.BERT, [qualname], example_inputs=3)
+    torch.manual_seed(0)
+    model = transformers.BertForMultipleChoice(transformers.BertConfig(**TEXT)).eval()
+    with pytest.raises(subnetact.UnsupportedModelError, match="no registered class"):
+        subnetact.convert(model)  # the failed registration registered nothing
+    register_family(subnetact.hf.BERT, [qualname], example_inputs=example)
+    subnetact.convert(model)
+    assert seen == ["BertForMultipleChoice"]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: register_family("bert", ["a.B"]), r"family='bert' must be a subnetact\.hf\.TransformerFamily"),
+        (lambda: register_family(subnetact.hf.BERT, "a.B"), r"classes='a\.B' must be a list of 'module\.QualName'"),
+        (lambda: subnetact.hf.reorder(subnetact.convert(build("electra")), None, score="x"), r"score='x' is not one"),
+    ],
+)
+def test_argument_errors_are_package_errors(call, match):
+    with pytest.raises(subnetact.errors.ConfigError, match=match) as info:
+        call()
+    assert isinstance(info.value, subnetact.SubnetActError) and isinstance(info.value, ValueError)
+
+
+def test_family_with_a_wrong_path_is_refused():
+    wrong = dataclasses.replace(subnetact.hf.BERT, name="bert-typo", attention="attention.selff")
+    register_family(wrong, ["transformers.models.bert.modeling_bert.BertForPreTraining"])
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**TEXT))
+    with pytest.raises(subnetact.UnsupportedModelError, match=r"has no submodule 'attention\.selff' \(bert-typo"):
+        subnetact.convert(model)
+    assert not isinstance(model, subnetact.SupernetMixin)
+
+
+@pytest.mark.parametrize("variant", ["relative", "shared-key"])
+def test_deberta_reorder_moves_the_position_projections_with_their_heads(variant):
+    original = build("deberta-v2", head="base", variant=variant)
+    model = subnetact.convert(copy.deepcopy(original))
+    x = inputs("deberta-v2")
+    result = subnetact.reorder(model, None, score="l1")
+    assert any(not torch.equal(o, torch.arange(HEADS)) for o in result.head_order)  # heads did move
+    cfg = model.space.make(depth=3, width=0.5)
+    with torch.no_grad():
+        # Every head's q/k/v rows, position-projection rows and output columns moved together: same function.
+        torch.testing.assert_close(main(model(**x)), main(original(**x)), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            main(model(**x, subnet=cfg)), main(model.export(cfg).eval()(**x)), atol=1e-6, rtol=0
+        )
+
+
+@pytest.mark.parametrize("name", ["electra", "deberta-v2"])
+def test_low_precision_models_pass_the_verification(name):
+    original = build(name).to(torch.bfloat16)
+    model = subnetact.convert(copy.deepcopy(original))  # the verification compares at bf16's tolerance
+    x = inputs(name)
+    with torch.no_grad():
+        torch.testing.assert_close(main(model(**x)), main(original(**x)), atol=0, rtol=0)

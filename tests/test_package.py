@@ -1,0 +1,89 @@
+"""Release hygiene: one version, the CLI's --version and help, the license, and docs that link to each other."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import subnetact
+from subnetact import cli, demo
+
+ROOT = Path(__file__).resolve().parents[1]
+DECLARED_VERSION = re.search(r'^version = "(.+)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+
+
+def _installed_version() -> str | None:
+    try:
+        return importlib.metadata.version("subnetact")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def test_version_comes_from_the_package_metadata():
+    installed = _installed_version()
+    if installed is None:  # a source tree on PYTHONPATH, never installed
+        assert subnetact.__version__ == "0+unknown"
+    else:
+        assert subnetact.__version__ == installed == DECLARED_VERSION
+    # Written once, in pyproject.toml: no version literal in the package.
+    assert not re.search(r"""__version__\s*=\s*["']""", (ROOT / "subnetact" / "__init__.py").read_text())
+
+
+def test_cli_version_prints_the_version_and_exits_0():
+    result = subprocess.run(
+        [sys.executable, "-m", "subnetact", "--version"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"subnetact {subnetact.__version__}"
+
+
+def test_demo_help_states_the_real_default_policies():
+    demo_parser = next(
+        a for a in cli._parser()._subparsers._group_actions[0].choices.values() if a.prog.endswith(" demo")
+    )
+    (action,) = [a for a in demo_parser._actions if a.dest == "policies"]
+    stated = re.search(r"\(default: ([a-z:,-]+)\)", action.help).group(1).split(",")
+    known = {"slackfit", "slackfit-adaptive", "mincost", "maxacc", *(f"fixed:{i}" for i in range(3))}
+    assert demo._policy_names(stated, 3, known) == demo._policy_names(None, 3, known)
+
+
+def test_license_file_matches_the_metadata():
+    assert re.search(r'^license = "Apache-2.0"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    text = (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Version 2.0, January 2004" in text
+
+
+def test_changelog_has_this_release():
+    assert f"## [{DECLARED_VERSION.split('.dev')[0]}]" in (ROOT / "CHANGELOG.md").read_text()
+
+
+_LINK = re.compile(r"\]\(([^)#\s]+\.md)(#[^)]*)?\)")
+
+
+def _links(page: Path) -> set[Path]:
+    return {(page.parent / m.group(1)).resolve() for m in _LINK.finditer(page.read_text()) if "://" not in m.group(1)}
+
+
+@pytest.mark.parametrize(
+    "page", ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+)
+def test_relative_links_resolve(page):
+    broken = sorted(str(p) for p in _links(ROOT / page) if not p.exists())
+    assert not broken, f"{page} links to missing files: {broken}"
+
+
+def test_every_doc_page_is_reachable_from_the_readme():
+    seen, todo = set(), [(ROOT / "README.md").resolve()]
+    while todo:
+        page = todo.pop()
+        if page in seen or not page.exists():
+            continue
+        seen.add(page)
+        todo += _links(page)
+    unreachable = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.resolve() not in seen)
+    assert not unreachable, f"docs not linked from the README (directly or through other docs): {unreachable}"
