@@ -144,6 +144,7 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         unfold_weight = None
         if (
             not gemm
+            and self.weight.device.type == "cpu"  # measured on CPU only (issue 16)
             and groups == 1
             and not weight.is_contiguous()
             and self.weight.is_contiguous()
@@ -165,7 +166,9 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
         every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
         out_k, in_k, _, weight, _, gemm, _, kernel = entry
-        if gemm or kernel is not None or weight.is_contiguous():
+        # CPU only: measured there (issue 16), and a CUDA graph captured on a copy would read freed memory once the
+        # copy is evicted.
+        if gemm or kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
             return None
         return (out_k, in_k), weight
 
@@ -192,7 +195,8 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 if copy[1] == self.weight._version and copy[2] == self.weight.data_ptr():
                     weight = copy[0]
                 else:
-                    weight = self._subnetact_state.weight_cache.refresh(self, out_k, in_k, weight)
+                    fresh = self._slice(out_k, in_k)[0]  # not the planned view: the storage may be new
+                    weight = self._subnetact_state.weight_cache.refresh(self, out_k, in_k, fresh)
         if unfold_weight is not None:
             n, _, h, w = x.shape
             (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.stride, self.dilation
