@@ -4,11 +4,14 @@
   (really calibrated, on tiny inputs: the statistics' size does not depend on the input size), versus the 6
   exported subnets and versus torchvision's resnet18/34/50/101 (parameters + buffers, fp32, 1000 classes);
 - actuation: ``model.actuate(cfg)`` for registered subnets (median);
-- forward (CPU, eval, inference_mode): the actuated supernet vs the exported subnet vs once-for-all's own dynamic
-  forward (``set_active_subnet`` + forward, which slices and copies weights every call), interleaved; medians and
-  ratios per subnet.
+- forward (CPU, eval, inference_mode): the actuated supernet with its weight cache at the default budget and without
+  it, vs the exported subnet vs once-for-all's own dynamic forward (``set_active_subnet`` + forward, which slices and
+  copies weights every call), interleaved; medians and ratios per subnet;
+- with ``--budgets``: weight-cache budget -> memory ratio and median actuated/exported, the six subnets round-robin.
 
     python benchmarks/bench_ofa.py --batch-sizes 1 16 --reps 7 --random-subnets 500
+    python benchmarks/bench_ofa.py --batch-sizes 1 8 16 --reps 5 --random-subnets 6 --calibrated 0 --threads 1 \
+        --clock cpu --budgets 0 5 10 15.4 30 80
 """
 
 from __future__ import annotations
