@@ -56,7 +56,8 @@ def dispatch_step(queue: EDFQueue, policy: Policy, now: float, slack_scale: floa
             only what even the profile's fastest choice could not serve.
 
     Returns:
-        A :class:`Step`. The queue has lost exactly ``expired`` and ``batch``.
+        A :class:`Step`. The queue has lost exactly ``expired`` and ``batch``; if the policy raises, the queue has
+        lost nothing.
 
     Example::
 
@@ -67,19 +68,25 @@ def dispatch_step(queue: EDFQueue, policy: Policy, now: float, slack_scale: floa
         (['b'], ['a'], 0)
     """
     expired: list[Entry] = _NONE  # type: ignore[assignment]  # shared and never mutated: a list only once one drops
-    if queue.drop_late:
-        min_latency = policy.min_latency
-        # The threshold depends on the queue length, which the drops change: repeat until nothing more is dropped.
-        while queue:
-            dropped = queue.expire(now, min_latency(len(queue)))
-            if not dropped:
-                break
-            expired = expired + dropped if expired else dropped
-    if not queue:
-        return _step(Step, (expired, None, _NONE, 0, _INF))
-    qlen = len(queue)
-    head = queue.peek_deadline()
-    d = policy.decide((head - now) * slack_scale, qlen, now)
+    try:
+        if queue.drop_late:
+            min_latency = policy.min_latency
+            # The threshold depends on the queue length, which the drops change: repeat until nothing more drops.
+            while queue:
+                dropped = queue.expire(now, min_latency(len(queue)))
+                if not dropped:
+                    break
+                expired = expired + dropped if expired else dropped
+        if not queue:
+            return _step(Step, (expired, None, _NONE, 0, _INF))
+        qlen = len(queue)
+        head = queue.peek_deadline()
+        d = policy.decide((head - now) * slack_scale, qlen, now)
+    except BaseException:
+        # A policy that raises must not lose requests: the queue is left as it was and the caller sees the error.
+        if expired:
+            queue.restore(expired)
+        raise
     if d is None:
         return _step(Step, (expired, None, _NONE, qlen, max(head - policy.min_latency(qlen), now + WAKE_FLOOR_S)))
     return _step(Step, (expired, d, queue.pop_batch(d.batch_size), qlen, _INF))

@@ -96,6 +96,12 @@ class EDFQueue:
             out.append(pop(heap))
         return out
 
+    def restore(self, entries: list[Entry]) -> None:
+        """Put back entries taken from this queue (keeping their order keys), e.g. when the step that took them
+        failed. Never exceeds the capacity: they were in the queue a moment ago."""
+        for e in entries:
+            heapq.heappush(self._heap, e)
+
     def drain(self) -> list[Entry]:
         """Remove and return every entry, in deadline order."""
         return self.pop_batch(len(self._heap))

@@ -166,8 +166,7 @@ def _load_validated(model: nn.Module, tensors: dict, header: dict, path: Path) -
     device = next((t.device for t in expected.values()), torch.device("cpu"))
     dtype = next((m.running_mean.dtype for m in state.ops if getattr(m, "running_mean", None) is not None), None)
     state.stats = {cfg: t.to(device=device, dtype=dtype or t.dtype) for cfg, t in stats.items()}
-    state.default_config = active
-    state.invalidate()
+    state.invalidate(default=active)
 
 
 def _digest(tensors: dict[str, torch.Tensor]) -> str:

@@ -8,6 +8,12 @@ index into the current plan.
 Concurrency: ``actuate`` sets the model-wide default plan. A forward pins the plan it starts with in a
 thread-local slot for its whole duration, so a concurrent ``actuate`` never changes a forward half-way, and
 ``model(x, subnet=cfg)`` runs ``cfg`` in the calling thread only, leaving other threads and the default alone.
+
+One lock discipline: every change to the plan caches and to the default plan happens under ``ActuationState._lock``
+(``activate``, ``invalidate``, a cache miss or an LRU reorder in ``plan_for``). The active config is read from the
+default plan itself (``default_config`` is ``default.config``), so the two can never disagree, and a plan compiled
+before an ``invalidate`` can never become the default after it. Lock-free reads are only dictionary lookups of
+pinned (registered) plans.
 """
 
 from __future__ import annotations
@@ -83,16 +89,23 @@ class ActuationState:
         self.stats: dict[SubnetConfig, torch.Tensor] = {}
         self._pinned: dict[SubnetConfig, Plan] = {}
         self._lru: OrderedDict[SubnetConfig, Plan] = OrderedDict()
-        self._warned: set[SubnetConfig] = set()
+        # Uncalibrated configs already warned about; bounded like the plan LRU (one may be warned about again).
+        self._warned: OrderedDict[SubnetConfig, None] = OrderedDict()
         # (active config, actuate keywords) -> validated config; filled by ``SupernetMixin.actuate``
         self.keyword_configs: dict[tuple, SubnetConfig] = {}
         self._lock = threading.Lock()
         self.local = threading.local()
         self.max_config = space.max()
-        self.default_config = self.max_config
+        self._initial_config = self.max_config  # the default until ``invalidate`` compiles the first plan
         self.default: Plan = None  # type: ignore[assignment]  # compiled by ``invalidate`` once operators are wired
         # Contiguous copies of registered subnets' strided weight slices (issue 16); ``model.set_weight_cache(mb)``
         self.weight_cache = WeightCache(ops, default_budget_bytes(ops))
+
+    @property
+    def default_config(self) -> SubnetConfig:
+        """The config ``model(x)`` runs: always the default plan's own config."""
+        plan = self.default
+        return self._initial_config if plan is None else plan.config
 
     # -- the hot path --------------------------------------------------------------------------------------------
     def current(self) -> Plan:
@@ -102,37 +115,65 @@ class ActuationState:
 
     def plan_for(self, cfg: SubnetConfig) -> Plan:
         """The compiled plan for ``cfg`` (validated and compiled on first use, then cached)."""
-        plan = self._pinned.get(cfg)
-        if plan is not None:
-            return plan
-        plan = self._lru.get(cfg)
-        if plan is not None:
-            self._lru.move_to_end(cfg)
-            return plan
-        cfg = self.space.validate(cfg)  # may snap values, e.g. 0.5000000001 -> 0.5
-        plan = self._pinned.get(cfg) or self._lru.get(cfg)
+        plan = self._pinned.get(cfg)  # registered subnets: one lock-free dict lookup
         if plan is not None:
             return plan
         with self._lock:
-            plan = self.compile(cfg)
-            if cfg in self.stats:
-                self._pinned[cfg] = plan
-            else:
-                self._lru[cfg] = plan
-                while len(self._lru) > PLAN_CACHE_SIZE:
-                    self._lru.popitem(last=False)
-        # Only models with norms to calibrate warn (a transformer supernet has none: LayerNorm is not sliced).
-        has_norms = not plan.calibrated and any(getattr(op, "is_subnet_norm", False) for op in self.ops)
-        if has_norms and cfg != self.max_config and cfg not in self._warned:
-            self._warned.add(cfg)
-            warnings.warn(
-                f"subnet {cfg.id} has no calibrated SubnetNorm statistics, so its BatchNorm layers use the "
-                "supernet's statistics sliced to the subnet's channels, which can be far off for small subnets. "
-                "Call subnetact.calibrate(model, batches, subnets=[...]) to register it.",
-                UncalibratedSubnetWarning,
-                stacklevel=3,
-            )
+            plan, fresh = self._plan_locked(cfg)
+        if fresh:
+            self._warn_uncalibrated(plan)
         return plan
+
+    def activate(self, cfg: SubnetConfig) -> Plan:
+        """Make ``cfg`` the default (what ``model(x)`` runs) and return its plan; the plan and the default change
+        together, under the lock ``invalidate`` takes."""
+        with self._lock:
+            plan, fresh = self._plan_locked(cfg)
+            self.default = plan
+        if fresh:
+            self._warn_uncalibrated(plan)
+        return plan
+
+    def _plan_locked(self, cfg: SubnetConfig) -> tuple[Plan, bool]:
+        """``(plan, compiled_now)`` for ``cfg``; the caller holds ``_lock``."""
+        plan = self._pinned.get(cfg)
+        if plan is None:
+            plan = self._lru.get(cfg)
+            if plan is not None:
+                self._lru.move_to_end(cfg)
+        if plan is not None:
+            return plan, False
+        cfg = self.space.validate(cfg)  # may snap values, e.g. 0.5000000001 -> 0.5
+        plan = self._pinned.get(cfg) or self._lru.get(cfg)
+        if plan is not None:
+            return plan, False
+        plan = self.compile(cfg)
+        if cfg in self.stats:
+            self._pinned[cfg] = plan
+        else:
+            self._lru[cfg] = plan
+            while len(self._lru) > PLAN_CACHE_SIZE:
+                self._lru.popitem(last=False)
+        return plan, True
+
+    def _warn_uncalibrated(self, plan: Plan) -> None:
+        # Only models with norms to calibrate warn (a transformer supernet has none: LayerNorm is not sliced).
+        cfg = plan.config
+        if plan.calibrated or cfg == self.max_config or cfg in self._warned:
+            return
+        if not any(getattr(op, "is_subnet_norm", False) for op in self.ops):
+            return
+        with self._lock:
+            self._warned[cfg] = None
+            while len(self._warned) > PLAN_CACHE_SIZE:
+                self._warned.popitem(last=False)
+        warnings.warn(
+            f"subnet {cfg.id} has no calibrated SubnetNorm statistics, so its BatchNorm layers use the "
+            "supernet's statistics sliced to the subnet's channels, which can be far off for small subnets. "
+            "Call subnetact.calibrate(model, batches, subnets=[...]) to register it.",
+            UncalibratedSubnetWarning,
+            stacklevel=4,
+        )
 
     # -- compilation ---------------------------------------------------------------------------------------------
     def group_sizes(self, cfg: SubnetConfig) -> list[int]:
@@ -181,13 +222,18 @@ class ActuationState:
         )
         return Plan(config=cfg, entries=entries, calibrated=buffer is not None)
 
-    def invalidate(self) -> None:
-        """Drop every compiled plan (after tensors moved or statistics changed) and recompile the default."""
+    def invalidate(self, default: SubnetConfig | None = None) -> None:
+        """Drop every compiled plan (after tensors moved or statistics changed) and recompile the default.
+
+        Args:
+            default: the config to make the default (``load`` restores the saved one); ``None`` keeps the current.
+        """
         with self._lock:
             self._pinned.clear()
             self._lru.clear()
+            plan, _ = self._plan_locked(self.default_config if default is None else default)
+            self.default = plan
         self.weight_cache.clear()  # copies of tensors that may have been replaced or reloaded
-        self.default = self.plan_for(self.default_config)
 
     # -- copying -------------------------------------------------------------------------------------------------
     def __deepcopy__(self, memo: dict) -> ActuationState:
@@ -200,13 +246,13 @@ class ActuationState:
         new.groups = self.groups
         new.ops = copy.deepcopy(self.ops, memo)
         new.stats = {cfg: t.clone() for cfg, t in self.stats.items()}
-        new._pinned, new._lru, new._warned = {}, OrderedDict(), set(self._warned)
+        new._pinned, new._lru, new._warned = {}, OrderedDict(), OrderedDict(self._warned)
         new.keyword_configs = dict(self.keyword_configs)
         new._lock, new.local = threading.Lock(), threading.local()
         new.max_config = self.max_config
         # Plans hold views of the old model's tensors; the copied root compiles its own (``invalidate``) once
         # every copied module exists.
-        new.default_config = self.default_config
+        new._initial_config = self.default_config
         new.default = None  # type: ignore[assignment]
         new.weight_cache = WeightCache(new.ops, self.weight_cache.budget_bytes)
         return new

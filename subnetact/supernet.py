@@ -126,10 +126,7 @@ class SupernetMixin:
                     cache[key] = config
         else:
             raise InvalidSubnetError("actuate() needs a config or at least one of depth=, width=")
-        plan = state.plan_for(config)
-        state.default = plan
-        state.default_config = plan.config
-        return plan.config
+        return state.activate(config).config
 
     def set_weight_cache(self, mb: float | None = None) -> None:
         """Set the memory budget of the weight cache, in MB (1e6 bytes); ``None`` restores the default, ``0`` turns it
