@@ -1,6 +1,8 @@
-"""Memory: supernet weights plus per-subnet statistics of N registered subnets, versus separately exported subnets.
+"""Memory: supernet weights plus per-subnet statistics of N registered subnets, versus separately exported subnets;
+and the weight cache of the 6 served subnets (issue 16) at its default budget, without a budget and at
+``--cache-mb`` budgets.
 
-python benchmarks/bench_memory.py --arch resnet50 --registered 6 500
+python benchmarks/bench_memory.py --arch resnet50 --registered 6 500 --cache-mb 0 5 10 20 40
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main() -> None:
     parser.add_argument("--arch", default="resnet50")
     parser.add_argument("--registered", type=int, nargs="+", default=[6, 500])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cache-mb", type=float, nargs="*", default=[], help="further weight-cache budgets (MB)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -57,6 +60,40 @@ def main() -> None:
             f"| {len(subnets)} | {stats / 1e6:.2f} MB | {per / 1e3:.1f} kB | 1/{weights / per:,.0f} "
             f"| {total / 1e6:.1f} MB | {exported_six / total:.2f}x |"
         )
+
+    # -- weight cache of the 6 served subnets -------------------------------------------------------------------
+    model._subnetact.stats.clear()
+    subnetact.calibrate(model, calibration, subnets=six)
+    stats6 = sum(t.numel() * t.element_size() for t in model._subnetact.stats.values())
+    default_mb = model.weight_cache_info().budget_bytes / 1e6
+    print("\nWeight cache of the 6 served subnets (the most it holds while they run round-robin):\n")
+    print(
+        "| budget | cache | supernet + 6 subnets' statistics + cache | 6 exported subnets / (supernet + statistics "
+        "+ cache) |"
+    )
+    print("|---|---:|---:|---:|")
+    for label, mb in [(f"default ({default_mb:.1f} MB)", None), ("unbounded", 1e6)] + [
+        (f"{b:g} MB", b) for b in args.cache_mb
+    ]:
+        cache = cache_peak_bytes(model, six, mb)
+        total = weights + stats6 + cache
+        print(f"| {label} | {cache / 1e6:.1f} MB | {total / 1e6:.1f} MB | {exported_six / total:.2f}x |")
+
+
+def cache_peak_bytes(model: nn.Module, subnets: list, budget_mb: float | None) -> int:
+    """Most bytes the weight cache holds while ``subnets`` run round-robin twice, at ``budget_mb`` (None: the
+    default). The copies do not depend on the input size, so tiny inputs suffice."""
+    model.set_weight_cache(0)
+    model.set_weight_cache(budget_mb)
+    peak = 0
+    x = torch.randn(1, 3, 32, 32)
+    with torch.inference_mode():
+        for _ in range(2):
+            for cfg in subnets:
+                model(x, subnet=cfg)
+                peak = max(peak, model.weight_cache_info().used_bytes)
+    model.set_weight_cache(None)
+    return peak
 
 
 if __name__ == "__main__":

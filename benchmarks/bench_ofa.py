@@ -4,16 +4,20 @@
   (really calibrated, on tiny inputs: the statistics' size does not depend on the input size), versus the 6
   exported subnets and versus torchvision's resnet18/34/50/101 (parameters + buffers, fp32, 1000 classes);
 - actuation: ``model.actuate(cfg)`` for registered subnets (median);
-- forward (CPU, eval, inference_mode): the actuated supernet vs the exported subnet vs once-for-all's own dynamic
-  forward (``set_active_subnet`` + forward, which slices and copies weights every call), interleaved; medians and
-  ratios per subnet.
+- forward (CPU, eval, inference_mode): the actuated supernet with its weight cache at the default budget and without
+  it, vs the exported subnet vs once-for-all's own dynamic forward (``set_active_subnet`` + forward, which slices and
+  copies weights every call), interleaved; medians and ratios per subnet;
+- with ``--budgets``: weight-cache budget -> memory ratio and median actuated/exported, the six subnets round-robin.
 
     python benchmarks/bench_ofa.py --batch-sizes 1 16 --reps 7 --random-subnets 500
+    python benchmarks/bench_ofa.py --batch-sizes 1 8 16 --reps 5 --random-subnets 6 --calibrated 0 --threads 1 \
+        --clock cpu --budgets 0 5 10 15.4 30 80
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import time
 import warnings
@@ -35,6 +39,22 @@ def stats_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in model._subnetact.stats.values())
 
 
+def cache_peak_bytes(model, subnets, budget_mb: float | None) -> int:
+    """Most bytes the weight cache holds while ``subnets`` each run once (round-robin, twice), at ``budget_mb``
+    (None: the default). The copies' size does not depend on the input size, so tiny inputs suffice."""
+    model.set_weight_cache(budget_mb)
+    peak = 0
+    x = torch.randn(1, 3, 32, 32)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            for cfg in subnets:
+                model(x, subnet=cfg)
+                peak = max(peak, model.weight_cache_info().used_bytes)
+    model.set_weight_cache(None)
+    return peak
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
@@ -44,7 +64,26 @@ def main() -> None:
     parser.add_argument("--random-subnets", type=int, default=500)
     parser.add_argument("--calibrated", type=int, default=20, help="how many of the random subnets to calibrate")
     parser.add_argument("--skip-forward", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument(
+        "--round-robin",
+        action="store_true",
+        help="switch subnet on every forward (a server's pattern) instead of timing one subnet at a time",
+    )
+    parser.add_argument(
+        "--budgets", type=float, nargs="*", default=[], help="weight-cache budgets (MB) for the budget curve"
+    )
+    parser.add_argument("--budget-batch", type=int, default=1)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall clock, or this process's CPU time (steadier on a loaded shared machine)",
+    )
     args = parser.parse_args()
+    args.clock_fn = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     import torchvision
     from ofa.imagenet_classification.elastic_nn.networks import OFAResNets
@@ -85,6 +124,9 @@ def main() -> None:
     tv = {
         name: nbytes(getattr(torchvision.models, name)()) for name in ("resnet18", "resnet34", "resnet50", "resnet101")
     }
+    cache_default = cache_peak_bytes(model, paper, None)
+    cache_all = cache_peak_bytes(model, paper, 1e6)
+    budget = model.weight_cache_info().budget_bytes
     mb = 1e6
     print("\n## memory (MB, fp32 parameters + buffers + registered statistics)")
     print("| what | MB |\n|---|---:|")
@@ -95,11 +137,24 @@ def main() -> None:
         f"(stats {stats_n / mb:.2f}; {len(paper) + len(real)} calibrated in {calib_s:.0f} s, the rest sized "
         "from the layout) |"
     )
+    print(
+        f"| + weight cache of the 6 paper subnets, default budget ({budget / mb:.1f} MB) | "
+        f"{(weights + stats6 + cache_default) / mb:.1f} (cache {cache_default / mb:.1f}) |"
+    )
+    print(
+        f"| + weight cache of the 6 paper subnets, unbounded | {(weights + stats6 + cache_all) / mb:.1f} "
+        f"(cache {cache_all / mb:.1f}) |"
+    )
     print(f"| 6 exported paper subnets | {exported6 / mb:.1f} |")
     for name, b in tv.items():
         print(f"| torchvision {name} | {b / mb:.1f} |")
     print(f"| torchvision resnet18+34+50+101 | {sum(tv.values()) / mb:.1f} |")
     print(f"\n- 6 exported / (supernet + 6 subnets' stats): **{exported6 / (weights + stats6):.2f}x**")
+    print(
+        f"- 6 exported / (supernet + 6 subnets' stats + weight cache, default budget): "
+        f"**{exported6 / (weights + stats6 + cache_default):.2f}x**; unbounded cache: "
+        f"{exported6 / (weights + stats6 + cache_all):.2f}x"
+    )
     print(
         f"- 6 exported / (supernet + {len(paper) + len(extra)} subnets' stats): "
         f"**{exported6 / (weights + stats_n):.2f}x**"
@@ -126,37 +181,110 @@ def main() -> None:
         return
 
     # -- forward -------------------------------------------------------------------------------------------------
-    print("\n## forward (CPU, ms, median; ratios of medians)")
-    print("| batch | subnet | top-1 | actuated | exported | OFA dynamic | actuated/exported | actuated/OFA |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    forward_table(args, model, ofa_net, paper)
+    if args.budgets:
+        budget_curve(args, model, paper, weights + stats6, exported6)
+
+
+def forward_table(args, model, ofa_net, paper) -> None:
+    """Per subnet and batch size: the actuated supernet with the weight cache at its default budget and without it,
+    the exported subnet and OFA's dynamic forward, interleaved."""
+    cached = model  # default budget
+    uncached = copy.deepcopy(model)
+    uncached.set_weight_cache(0)
+    order = "round-robin over the six subnets" if args.round_robin else "one subnet at a time"
+    print(f"\n## forward (CPU, {args.clock} ms, median of {args.reps}; ratios of medians; {order})")
+    print(
+        "| batch | subnet | top-1 | actuated (cache) | actuated (no cache) | exported | OFA dynamic "
+        "| cache/exported | no cache/exported | cache/OFA | cache MB |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     exported = [model.export(cfg).eval() for cfg in paper]
+    served = list(zoo.SUPERSERVE_OFA_RESNET50)
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for bs in args.batch_sizes:
             x = torch.randn(bs, 3, args.image_size, args.image_size)
-            for served, cfg, dense in zip(zoo.SUPERSERVE_OFA_RESNET50, paper, exported):
-                arch = served.ofa_dict()
+            runs = []  # per subnet: (name -> callable)
+            for s, cfg, dense in zip(served, paper, exported):
+                arch = s.ofa_dict()
 
                 def run_ofa(arch=arch, x=x):
                     ofa_net.set_active_subnet(**arch)
                     return ofa_net(x)
 
-                def run_ours(cfg=cfg, x=x):
-                    model.actuate(cfg)
-                    return model(x)
+                def run_cached(cfg=cfg, x=x):
+                    cached.actuate(cfg)
+                    return cached(x)
 
-                for _ in range(args.warmup):
-                    run_ours(), dense(x), run_ofa()
-                ours, dense_t, ofa_t = [], [], []
-                for _ in range(args.reps):  # interleaved: drift on a shared machine hits all three alike
-                    ours += timeit(run_ours, 1)
-                    dense_t += timeit(lambda dense=dense, x=x: dense(x), 1)
-                    ofa_t += timeit(run_ofa, 1)
-                a, e, o = median(ours) * 1e3, median(dense_t) * 1e3, median(ofa_t) * 1e3
+                def run_uncached(cfg=cfg, x=x):
+                    uncached.actuate(cfg)
+                    return uncached(x)
+
+                def run_exported(dense=dense, x=x):
+                    return dense(x)
+
+                runs.append({"cache": run_cached, "nocache": run_uncached, "exported": run_exported, "ofa": run_ofa})
+            times = [{name: [] for name in r} for r in runs]
+            cache_mb = [0.0] * len(runs)
+            # (subnet, record?) in the order they run: round-robin switches subnet on every forward
+            if args.round_robin:
+                schedule = [(i, False) for _ in range(args.warmup) for i in range(len(runs))]
+                schedule += [(i, True) for _ in range(args.reps) for i in range(len(runs))]
+            else:
+                schedule = [(i, r >= args.warmup) for i in range(len(runs)) for r in range(args.warmup + args.reps)]
+            for i, record in schedule:
+                for name, fn in runs[i].items():  # interleaved: drift on a shared machine hits every variant alike
+                    t = timeit(fn, 1, args.clock_fn)
+                    if record:
+                        times[i][name] += t
+                cache_mb[i] = cached.weight_cache_info().used_bytes / 1e6
+            for s, t, mb in zip(served, times, cache_mb):
+                a, u, e, o = (median(t[k]) * 1e3 for k in ("cache", "nocache", "exported", "ofa"))
                 print(
-                    f"| {bs} | {served.id} | {served.accuracy} | {a:.1f} | {e:.1f} | {o:.1f} | {a / e:.3f} | "
-                    f"{a / o:.3f} |"
+                    f"| {bs} | {s.id} | {s.accuracy} | {a:.1f} | {u:.1f} | {e:.1f} | {o:.1f} | {a / e:.3f} "
+                    f"| {u / e:.3f} | {a / o:.3f} | {mb:.1f} |"
                 )
+            ratios = [median(t["cache"]) / median(t["exported"]) for t in times]
+            print(f"| {bs} | **median** | | | | | | **{median(ratios):.3f}** (max {max(ratios):.3f}) | | | |")
+
+
+def budget_curve(args, model, paper, base_bytes: int, exported6: int) -> None:
+    """Weight-cache budget -> memory ratio and median actuated/exported over the six subnets (round-robin, so a
+    budget smaller than the six subnets' copies evicts and re-copies as a server switching subnets would)."""
+    print(f"\n## weight-cache budget curve (batch {args.budget_batch}, round-robin over the six subnets)")
+    print(
+        "| budget MB | cache MB (after the run) | 6 exported / (supernet + stats + cache) | median actuated/exported "
+        "| max |"
+    )
+    print("|---:|---:|---:|---:|---:|")
+    exported = [model.export(cfg).eval() for cfg in paper]
+    x = torch.randn(args.budget_batch, 3, args.image_size, args.image_size)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for budget in args.budgets:
+            model.set_weight_cache(budget)
+            ours = [[] for _ in paper]
+            dense_t = [[] for _ in paper]
+            peak = 0
+            for rep in range(args.warmup + args.reps):
+                for i, (cfg, dense) in enumerate(zip(paper, exported)):
+
+                    def run(cfg=cfg):
+                        model.actuate(cfg)
+                        return model(x)
+
+                    a, e = timeit(run, 1, args.clock_fn), timeit(lambda dense=dense: dense(x), 1, args.clock_fn)
+                    peak = max(peak, model.weight_cache_info().used_bytes)
+                    if rep >= args.warmup:
+                        ours[i] += a
+                        dense_t[i] += e
+            ratios = [median(a) / median(e) for a, e in zip(ours, dense_t)]
+            print(
+                f"| {budget:g} | {peak / 1e6:.1f} | {exported6 / (base_bytes + peak):.2f}x | {median(ratios):.3f} "
+                f"| {max(ratios):.3f} |"
+            )
+    model.set_weight_cache(None)
 
 
 if __name__ == "__main__":

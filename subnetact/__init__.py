@@ -38,6 +38,7 @@ from .rules import BlockSpec, ChannelSpec, register_block_rule
 from .space import Entry, Space
 from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin
+from .weight_cache import WeightCacheInfo
 from .weight_slice import WeightSlice, WeightSliceConv2d, WeightSliceLinear
 
 
@@ -71,6 +72,7 @@ __all__ = [
     "SupernetMixin",
     "UncalibratedSubnetWarning",
     "UnsupportedModelError",
+    "WeightCacheInfo",
     "WeightSlice",
     "WeightSliceConv2d",
     "WeightSliceLinear",

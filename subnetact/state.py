@@ -29,6 +29,7 @@ import torch
 from .config import SubnetConfig
 from .errors import InvalidSubnetError, UncalibratedSubnetWarning
 from .space import Space
+from .weight_cache import WeightCache, default_budget_bytes
 
 # Plans for configs that are not registered are cached in an LRU of this size (registered ones are pinned).
 PLAN_CACHE_SIZE = 1024
@@ -97,6 +98,8 @@ class ActuationState:
         self.max_config = space.max()
         self._initial_config = self.max_config  # the default until ``invalidate`` compiles the first plan
         self.default: Plan = None  # type: ignore[assignment]  # compiled by ``invalidate`` once operators are wired
+        # Contiguous copies of registered subnets' strided weight slices (issue 16); ``model.set_weight_cache(mb)``
+        self.weight_cache = WeightCache(ops, default_budget_bytes(ops))
 
     @property
     def default_config(self) -> SubnetConfig:
@@ -233,6 +236,7 @@ class ActuationState:
             self._lru.clear()
             plan, _ = self._plan_locked(self.default_config if default is None else default)
             self.default = plan
+        self.weight_cache.clear()  # copies of tensors that may have been replaced or reloaded
 
     # -- copying -------------------------------------------------------------------------------------------------
     def __deepcopy__(self, memo: dict) -> ActuationState:
@@ -253,6 +257,7 @@ class ActuationState:
         # every copied module exists.
         new._initial_config = self.default_config
         new.default = None  # type: ignore[assignment]
+        new.weight_cache = WeightCache(new.ops, self.weight_cache.budget_bytes)
         return new
 
     def __getstate__(self) -> dict:

@@ -10,12 +10,14 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from torch import nn
 
 from .config import SubnetConfig
 from .errors import ArgumentTypeError, InvalidSubnetError, NotConvertedError
 from .space import Space
 from .state import ActuationState
+from .weight_cache import WeightCacheInfo, default_budget_bytes
 
 _CLASS_CACHE: dict[type, type] = {}
 
@@ -42,6 +44,9 @@ class SupernetMixin:
             plan = pinned  # a forward inside a pinned region (calibration, or a model that calls itself)
         else:
             plan = state.default
+        if pinned is None and plan.calibrated and not self.training and not torch.is_grad_enabled():
+            # A registered subnet served (not calibrating): copies of its strided weight slices, within the budget.
+            state.weight_cache.use(plan)
         local.plan = plan
         try:
             return super().forward(*args, **kwargs)
@@ -122,6 +127,37 @@ class SupernetMixin:
         else:
             raise InvalidSubnetError("actuate() needs a config or at least one of depth=, width=")
         return state.activate(config).config
+
+    def set_weight_cache(self, mb: float | None = None) -> None:
+        """Set the memory budget of the weight cache, in MB (1e6 bytes); ``None`` restores the default, ``0`` turns it
+        off. Copies over a smaller budget are dropped now, least recently run subnets first.
+
+        The cache keeps contiguous copies of the strided weight slices that registered subnets pass to convolutions
+        (see :mod:`subnetact.weight_cache`), so a served subnet runs as fast as its extracted model. The default is
+        8 % of the operators' parameter and buffer bytes (15 MB for OFA-ResNet50), which keeps the memory claim of
+        ``docs/benchmarks.md``; ``docs/benchmarks.md`` records forward time against the budget.
+
+        Args:
+            mb: budget in MB, >= 0, or None for the default.
+
+        Raises:
+            ValueError: ``mb`` is negative, not a number, or a bool.
+
+        Example::
+
+            >>> model.set_weight_cache(100)  # up to 100 MB of copies
+            >>> model.weight_cache_info().used_bytes
+        """
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf")):
+            raise ValueError(f"set_weight_cache: mb={mb!r} must be a finite number >= 0 (MB), or None for the default")
+        state = self._subnetact
+        budget = default_budget_bytes(state.ops) if mb is None else int(mb * 1e6)
+        state.weight_cache.set_budget(budget)
+
+    def weight_cache_info(self) -> WeightCacheInfo:
+        """The weight cache's budget, the bytes it uses and the subnets it holds copies for
+        (:class:`~subnetact.weight_cache.WeightCacheInfo`)."""
+        return self._subnetact.weight_cache.info()
 
     def export(self, config: SubnetConfig | None = None) -> nn.Module:
         """The subnet as a plain, independent module (e.g. a ``torchvision.models.ResNet``); see

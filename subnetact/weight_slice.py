@@ -29,6 +29,31 @@ def _cuda_kernel(weight: torch.Tensor, name: str):
     return getattr(torch.ops.subnetact, name).default
 
 
+#: The unfold + GEMM formulation of a convolution with a strided weight slice runs when the output has at most this
+#: many positions (N * H_out * W_out): there the weight dominates the traffic and the GEMM reads the strided slice in
+#: place, as fast as the convolution on a contiguous weight (measured on torch 2.14 and 2.15, 1 thread: 0.97x at a
+#: 7x7 output, batch 1), while the view passed to ``F.conv2d`` is copied on every call (up to 3.4x slower for a
+#: 12 MB slice, whose fresh allocation faults in new pages). At more positions the unfolded input costs more than the
+#: copy (1.2-2.1x slower at 98 and more). Issue 16.
+UNFOLD_MAX_ROWS = 64
+
+
+def _unfold_conv(
+    x: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, conv: nn.Conv2d, out_h: int, out_w: int
+) -> torch.Tensor:
+    """``conv2d(x, W)`` as ``unfold(x)^T @ W2d^T``, reading the strided ``(k_out, k_in * kh * kw)`` weight in place.
+
+    Shapes: ``x`` (N, k_in, H, W), ``weight2d`` (k_out, k_in * kh * kw) -> (N, k_out, H_out, W_out), contiguous.
+    """
+    n = x.shape[0]
+    k_out = weight2d.shape[0]
+    cols = F.unfold(x, conv.kernel_size, conv.dilation, conv.padding if conv.padding != "valid" else 0, conv.stride)
+    rows = cols.transpose(1, 2).reshape(n * out_h * out_w, -1)  # (N * L, k_in * kh * kw); a view when N == 1
+    # (N * L, k_out): this orientation of the GEMM measured faster than weight2d @ cols for these shapes
+    y = torch.mm(rows, weight2d.t()) if bias is None else torch.addmm(bias, rows, weight2d.t())
+    return y.view(n, out_h * out_w, k_out).transpose(1, 2).contiguous().view(n, k_out, out_h, out_w)
+
+
 class WeightSlice(Operator):
     """Mixin of the weight-slicing layers. ``out_group`` / ``in_group`` index the model's channel groups (None: the
     dimension is not elastic). The parameters are the original layer's Parameters (same tensors, same storage);
@@ -43,6 +68,9 @@ class WeightSlice(Operator):
         self.weight = base.weight
         self.bias = base.bias
         self.training = base.training
+        # (k_out, k_in) -> (contiguous copy of the slice, weight version, weight data_ptr); filled and emptied by the
+        # model's WeightCache (registered subnets only, within its budget).
+        self._weight_copies: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
 
     def _out_in(self, sizes: list[int]) -> tuple[int, int]:
         out_k = self.weight.shape[0] if self.out_group is None else sizes[self.out_group]
@@ -55,12 +83,13 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
 
     Shapes: ``x`` (N, k_in, H, W) -> (N, k_out, H', W').
 
-    Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``): a prefix along the output dimension
-    is a contiguous view and runs the normal convolution. A slice of the input dimension is a strided view; for a
-    1x1 convolution (stride 1, no padding) it runs as one GEMM reading the strided weight in place
-    (``matmul(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the convolution here; other
-    shapes pass the view to ``F.conv2d``, which packs it (the same cost as the packing it does for a contiguous
-    weight on this CPU build).
+    Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``, ``benchmarks/bench_ofa.py``, issue
+    16): a prefix along the output dimension is a contiguous view and runs the normal convolution. A slice of the
+    input dimension is a strided view; for a 1x1 convolution (stride 1, no padding) it runs as one GEMM reading the
+    strided weight in place (``mm(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the
+    convolution. Other shapes need a contiguous weight: ``F.conv2d`` copies the view into a fresh allocation on
+    every call, so for registered subnets the model's weight cache keeps that copy (within the budget of
+    ``model.set_weight_cache``) and the layer runs the extracted layer's kernel on it; the rest pass the view.
     """
 
     @classmethod
@@ -111,16 +140,42 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         )
         if gemm:
             weight = weight[:, :, 0, 0]  # (k_out, k_in) strided view: the GEMM reads it in place
+        # (k_out, k_in * kh * kw) strided view of the same slice, for the unfold + GEMM formulation (each output
+        # channel's k_in * kh * kw values are contiguous in a contiguous weight; the row stride skips the rest).
+        unfold_weight = None
+        if (
+            not gemm
+            and self.weight.device.type == "cpu"  # measured on CPU only (issue 16)
+            and groups == 1
+            and not weight.is_contiguous()
+            and self.weight.is_contiguous()
+            and self.padding_mode == "zeros"
+            and self.padding != "same"
+        ):
+            full_out, full_in = self.weight.shape[:2]
+            taps = self.weight.shape[2] * self.weight.shape[3]
+            unfold_weight = self.weight.view(full_out, full_in * taps)[:out_k, : in_k * taps]
         kernel = None
         if self.padding_mode == "zeros" and self.padding != "same":
             op = _cuda_kernel(self.weight, "sliced_conv2d")
             if op is not None:  # sliced implicit-GEMM conv reading W[:k_out, :k_in] in place; bias in its epilogue
                 padding = [0, 0] if self.padding == "valid" else list(self.padding)
                 kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
-        return (out_k, in_k, groups, weight, bias, gemm, kernel)
+        return (out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
+
+    def cacheable_slice(self, entry: tuple) -> tuple[tuple[int, int], torch.Tensor] | None:
+        """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
+        every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
+        out_k, in_k, _, weight, _, gemm, _, kernel = entry
+        # CPU only: measured there (issue 16), and a CUDA graph captured on a copy would read freed memory once the
+        # copy is evicted.
+        if gemm or kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
+            return None
+        return (out_k, in_k), weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out_k, in_k, groups, weight, bias, gemm, kernel = self._subnetact_state.current().entries[self._op_index]
+        entry = self._subnetact_state.current().entries[self._op_index]
+        out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel = entry
         if kernel is not None and x.dtype == self.weight.dtype:  # (dtypes differ under autocast: PyTorch's path)
             op, in_per_group, stride, padding, dilation, groups = kernel
             # The full Parameters go in (the op slices them), so gradients reach the shared weight.
@@ -130,8 +185,26 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         if torch.is_grad_enabled() and self.weight.requires_grad:
             # Planned views were made under no_grad; slice afresh so gradients reach the shared weight.
             weight, bias, groups = self._slice(out_k, in_k)
+            unfold_weight = None
             if gemm:
                 weight = weight[:, :, 0, 0]
+        elif self._weight_copies and not self.training:
+            copy = self._weight_copies.get((out_k, in_k))
+            if copy is not None:
+                unfold_weight = None
+                # The copy stands for the weight as it was when copied: re-copy if it changed in place since.
+                if copy[1] == self.weight._version and copy[2] == self.weight.data_ptr():
+                    weight = copy[0]
+                else:
+                    fresh = self._slice(out_k, in_k)[0]  # not the planned view: the storage may be new
+                    weight = self._subnetact_state.weight_cache.refresh(self, out_k, in_k, fresh)
+        if unfold_weight is not None:
+            n, _, h, w = x.shape
+            (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.stride, self.dilation
+            ph, pw = (0, 0) if self.padding == "valid" else self.padding
+            out_h, out_w = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1, (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+            if n * out_h * out_w <= UNFOLD_MAX_ROWS:
+                return _unfold_conv(x, unfold_weight, bias, self, out_h, out_w)
         if gemm and x.is_contiguous():
             n, _, h, w = x.shape
             if n == 1:

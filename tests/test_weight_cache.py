@@ -1,0 +1,289 @@
+"""The weight cache (issue 16): copies of registered subnets' strided conv slices, their budget, eviction and
+invalidation, and the unfold + GEMM path; every output checked against the exported dense subnet."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tiny_models import TINY_MODELS, image_batch
+
+import subnetact
+from subnetact import weight_slice
+from subnetact.weight_cache import WeightCacheInfo, default_budget_bytes
+
+
+def served_model(name: str = "bottleneck"):
+    """A converted tiny model with three registered subnets (each slices conv inputs, so each has copies)."""
+    model = subnetact.convert(TINY_MODELS[name]())
+    entries = model.space.entries("depth")
+    subnets = [
+        model.space.make(depth=[e.choices[round(t * (len(e.choices) - 1))] for e in entries], width=w)
+        for t, w in ((0.0, 0.25), (0.5, 0.5), (1.0, 0.75))
+    ]
+    subnetact.calibrate(model, [image_batch(4)], subnets=subnets)
+    return model.eval(), subnets
+
+
+def run(model, cfg, x):
+    model.actuate(cfg)
+    with torch.inference_mode():
+        return model(x)
+
+
+def reference(model, cfg, x):
+    with torch.inference_mode():
+        return model.export(cfg).eval()(x)
+
+
+def copies(model) -> list[torch.Tensor]:
+    return [c[0] for op in model._subnetact.ops for c in getattr(op, "_weight_copies", {}).values()]
+
+
+@pytest.mark.parametrize(
+    "name, budget, unfold_rows",
+    [
+        ("basic", None, weight_slice.UNFOLD_MAX_ROWS),
+        ("bottleneck", None, weight_slice.UNFOLD_MAX_ROWS),
+        ("resnext", None, weight_slice.UNFOLD_MAX_ROWS),
+        ("bottleneck", 0, 0),
+        ("bottleneck", 0, 10**9),
+        ("basic", 1000, 0),
+        ("bottleneck", 1000, 10**9),
+    ],
+)
+def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, monkeypatch):
+    # budget 0: views (or unfold + GEMM); 1000 MB: every slice copied; default: some. unfold_rows=0 never takes
+    # the unfold path, 10**9 always (where no copy is held).
+    monkeypatch.setattr(weight_slice, "UNFOLD_MAX_ROWS", unfold_rows)
+    model, subnets = served_model(name)
+    model.set_weight_cache(budget)
+    x = image_batch(3)
+    for cfg in subnets * 2:
+        torch.testing.assert_close(run(model, cfg, x), reference(model, cfg, x), rtol=1e-4, atol=1e-5)
+    info = model.weight_cache_info()
+    assert info.used_bytes <= info.budget_bytes
+    if budget == 0:
+        assert info.used_bytes == 0 and copies(model) == []
+
+
+def test_copies_are_contiguous_slices_of_the_weight_and_fill_only_for_registered_subnets():
+    model, subnets = served_model()
+    model.set_weight_cache(1000)
+    x = image_batch(2)
+    unregistered = model.space.make(depth=list(subnets[2].depth), width=0.25)
+    run(model, unregistered, x)
+    assert model.weight_cache_info() == WeightCacheInfo(10**9, 0, (), 0)
+    run(model, subnets[0], x)
+    info = model.weight_cache_info()
+    assert info.subnets == (subnets[0],) and info.copies > 0
+    weights = {p.data_ptr() for p in model.parameters()}
+    held = copies(model)
+    assert len(held) == info.copies and info.used_bytes == sum(t.numel() * t.element_size() for t in held)
+    for op in model._subnetact.ops:
+        for (k_out, k_in), (t, *_) in getattr(op, "_weight_copies", {}).items():
+            assert t.is_contiguous() and t.data_ptr() not in weights
+            assert torch.equal(t, op.weight[:k_out, :k_in])
+
+
+def test_actuate_alone_copies_nothing_the_first_forward_does():
+    model, subnets = served_model()
+    model.set_weight_cache(1000)
+    model.actuate(subnets[1])
+    assert model.weight_cache_info().used_bytes == 0
+    with torch.no_grad():
+        model(image_batch(1))
+    assert model.weight_cache_info().subnets == (subnets[1],)
+
+
+def test_budget_evicts_the_least_recently_run_subnet_and_shares_equal_slices():
+    model, subnets = served_model()
+    x = image_batch(1)
+    model.set_weight_cache(1000)
+    sizes = {}
+    for cfg in subnets:  # each subnet's own bytes, measured alone
+        model.set_weight_cache(0)
+        model.set_weight_cache(1000)
+        run(model, cfg, x)
+        sizes[cfg] = model.weight_cache_info().used_bytes
+    a, b, c = subnets
+    # Room for a and b but not c on top: running c evicts a (least recently run), not b.
+    model.set_weight_cache((sizes[a] + sizes[b] + sizes[c] - 1) / 1e6)
+    for cfg in (a, b):
+        run(model, cfg, x)
+    assert model.weight_cache_info().subnets == (a, b)
+    run(model, a, x)  # a is now the most recent: c evicts b
+    assert model.weight_cache_info().subnets == (b, a)
+    run(model, c, x)
+    info = model.weight_cache_info()
+    assert info.subnets[-1] == c and b not in info.subnets and info.used_bytes <= info.budget_bytes
+    # Shrinking the budget evicts now, least recent first.
+    model.set_weight_cache(sizes[c] / 1e6)
+    assert model.weight_cache_info().subnets == (c,)
+    model.set_weight_cache(0)
+    assert model.weight_cache_info().used_bytes == 0 and copies(model) == []
+
+
+def test_a_budget_smaller_than_a_subnet_copies_part_of_it_and_stays_correct():
+    model, subnets = served_model()
+    x = image_batch(2)
+    model.set_weight_cache(1000)
+    run(model, subnets[2], x)
+    full = model.weight_cache_info().used_bytes
+    model.set_weight_cache(0)
+    model.set_weight_cache(full / 2 / 1e6)
+    out = run(model, subnets[2], x)
+    assert 0 < model.weight_cache_info().used_bytes <= full / 2
+    torch.testing.assert_close(out, reference(model, subnets[2], x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("mb", [-1, float("nan"), float("inf"), True, "10", [1]])
+def test_invalid_budget_is_refused_and_the_budget_kept(mb):
+    model, _ = served_model()
+    before = model.weight_cache_info().budget_bytes
+    with pytest.raises(ValueError, match=r"set_weight_cache: mb=.* must be a finite number >= 0 \(MB\), or None"):
+        model.set_weight_cache(mb)
+    assert model.weight_cache_info().budget_bytes == before
+
+
+def test_default_budget_is_a_fraction_of_the_operator_tensors():
+    model, _ = served_model()
+    tensors = {id(t): t for op in model._subnetact.ops for t in (*op.parameters(), *op.buffers())}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    assert model.weight_cache_info().budget_bytes == default_budget_bytes(model._subnetact.ops) == int(0.08 * total)
+    model.set_weight_cache(3)
+    model.set_weight_cache(None)
+    assert model.weight_cache_info().budget_bytes == int(0.08 * total)
+
+
+def test_in_place_weight_changes_are_never_served_stale():
+    model, subnets = served_model()
+    model.set_weight_cache(1000)
+    x = image_batch(2)
+    run(model, subnets[1], x)
+    assert copies(model)
+    # An optimiser-style in-place update under no_grad (what optimizer.step does).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.1).add_(0.01)
+    torch.testing.assert_close(run(model, subnets[1], x), reference(model, subnets[1], x), rtol=1e-4, atol=1e-5)
+    # A real training step, then eval: same.
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    model.actuate(subnets[1])
+    model(image_batch(4, seed=1)).mean().backward()
+    opt.step()
+    model.eval()
+    torch.testing.assert_close(run(model, subnets[1], x), reference(model, subnets[1], x), rtol=1e-4, atol=1e-5)
+
+
+def test_load_state_dict_calibrate_and_to_drop_the_cache():
+    model, subnets = served_model()
+    model.set_weight_cache(1000)
+    x = image_batch(2)
+    other = subnetact.convert(TINY_MODELS["bottleneck"](seed=1))
+    for action in (
+        lambda: model.load_state_dict(other.state_dict()),
+        lambda: subnetact.calibrate(model, [image_batch(4, seed=2)], subnets=subnets),
+        lambda: model.to(torch.float64),
+    ):
+        run(model, subnets[0], x.to(next(model.parameters()).dtype))
+        assert model.weight_cache_info().used_bytes > 0
+        action()
+        assert model.weight_cache_info().used_bytes == 0 and copies(model) == []
+        xx = x.to(next(model.parameters()).dtype)
+        torch.testing.assert_close(run(model, subnets[0], xx), reference(model, subnets[0], xx), rtol=1e-4, atol=1e-5)
+    assert all(t.dtype == torch.float64 for t in copies(model))
+
+
+def test_training_and_autograd_use_the_shared_weight_not_copies():
+    model, subnets = served_model()
+    model.set_weight_cache(1000)
+    x = image_batch(2)
+    run(model, subnets[2], x)
+    held = copies(model)
+    assert held
+    model.actuate(subnets[2])
+    dense = model.export(subnets[2]).eval()
+    # Eval mode with autograd on: gradients must reach the shared weight exactly as they reach the dense copy.
+    model(x).sum().backward()
+    dense(x).sum().backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), dense.named_parameters()):
+        if q.grad is not None:
+            sl = tuple(slice(0, n) for n in q.shape)
+            torch.testing.assert_close(p.grad[sl], q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    # No forward with autograd on or in training mode adds copies.
+    model.set_weight_cache(0)
+    model.set_weight_cache(1000)
+    model(x)
+    model.train()
+    with torch.no_grad():
+        model(x)
+    assert model.weight_cache_info().used_bytes == 0
+
+
+def test_deepcopy_starts_with_an_empty_cache_of_the_same_budget():
+    model, subnets = served_model()
+    model.set_weight_cache(7)
+    x = image_batch(2)
+    run(model, subnets[0], x)
+    clone = copy.deepcopy(model)
+    assert clone.weight_cache_info() == WeightCacheInfo(7_000_000, 0, (), 0)
+    torch.testing.assert_close(run(clone, subnets[0], x), reference(model, subnets[0], x), rtol=1e-4, atol=1e-5)
+    assert clone.weight_cache_info().used_bytes > 0
+    assert {t.data_ptr() for t in copies(clone)}.isdisjoint({t.data_ptr() for t in copies(model)})
+
+
+def test_concurrent_forwards_of_different_subnets_under_a_small_budget():
+    model, subnets = served_model()
+    x = image_batch(2)
+    refs = {cfg: reference(model, cfg, x) for cfg in subnets}
+    model.set_weight_cache(0.02)  # smaller than the three subnets' copies: admissions evict each other
+    errors = []
+
+    def worker(offset: int) -> None:
+        try:
+            for i in range(12):
+                cfg = subnets[(i + offset) % 3]
+                with torch.inference_mode():
+                    torch.testing.assert_close(model(x, subnet=cfg), refs[cfg], rtol=1e-4, atol=1e-5)
+        except Exception as e:  # reported below, in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    info = model.weight_cache_info()
+    assert info.used_bytes <= info.budget_bytes
+    assert info.used_bytes == sum(t.numel() * t.element_size() for t in copies(model))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kernel_size": 3, "padding": 1},
+        {"kernel_size": 3, "stride": 2, "padding": 1, "bias": True},
+        {"kernel_size": (3, 1), "padding": (2, 0), "dilation": 2},
+        {"kernel_size": 1, "stride": 2},
+        {"kernel_size": 3, "padding": "valid"},
+    ],
+)
+def test_unfold_gemm_equals_the_convolution(kwargs):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(12, 10, **kwargs)
+    w2d = conv.weight.detach().reshape(10, -1)[:6, : 7 * conv.weight[0, 0].numel()]  # W[:6, :7] flattened
+    x = torch.randn(2, 7, 5, 6)
+    expected = F.conv2d(x, conv.weight[:6, :7], None if conv.bias is None else conv.bias[:6], conv.stride,
+                        conv.padding, conv.dilation)  # fmt: skip
+    n, _, h, w = expected.shape
+    with torch.no_grad():
+        bias = None if conv.bias is None else conv.bias[:6]
+        got = weight_slice._unfold_conv(x, w2d, bias, conv, h, w)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
