@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,14 +67,28 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
     }
     header_json = json.dumps(header)
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    os.close(fd)
+    tmp = _new_temp_file(path)
     try:
+        mode = os.stat(tmp).st_mode & 0o777  # 0666 minus the umask
         save_file(tensors, tmp, metadata={FORMAT: header_json, _DIGEST_KEY: _digest(tensors, header_json)})
+        os.chmod(tmp, mode)  # safetensors recreates the file with mode 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _new_temp_file(path: Path) -> str:
+    """Create an empty file next to ``path`` for an atomic replace. Unlike ``tempfile.mkstemp`` (mode 0600) it is
+    created with mode 0666 minus the umask, so the saved file gets the permissions ``open(path, "w")`` would give."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(f"could not create a temporary file next to {str(path)!r}")
 
 
 def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.Module]) -> nn.Module:

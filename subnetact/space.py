@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -166,7 +167,7 @@ class Space:
         expanded = {}
         for dim, value in self.expand_links(dims).items():
             entries = self.entries(dim)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars included
                 expanded[dim] = (value,) * len(entries)
             elif isinstance(value, (list, tuple)):
                 expanded[dim] = tuple(value)
