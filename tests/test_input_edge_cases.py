@@ -3,6 +3,8 @@ modes and atomic writes, oversized profiles, non-finite calibration statistics, 
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import warnings
 
@@ -13,6 +15,7 @@ from tiny_models import TINY_MODELS, image_batch
 
 import subnetact
 from subnetact import SubnetConfig, UncalibratedSubnetWarning
+from subnetact.errors import ConfigError
 
 
 @pytest.fixture
@@ -85,3 +88,28 @@ def test_profile_batch_sizes_are_bounded():
     with pytest.raises(InvalidProfileError, match=r"must be ints in \[1, 65536\], got 1000000000"):
         Subnet(1, 70.0, {10**9: LatencyStats(0.01)})
     Subnet(1, 70.0, {65536: LatencyStats(0.01)})
+
+
+def test_space_round_trip_keeps_links_and_refuses_bad_choices():
+    from subnetact.space import Entry, Space
+
+    space = Space(
+        {"heads": [Entry("l0.attn", (2, 4))], "ffn": [Entry("l0.ffn", (0.5, 1.0))]}, links={"width": ("heads", "ffn")}
+    )
+    back = Space.from_dict(json.loads(json.dumps(space.to_dict())))
+    assert back == space and back.links == {"width": ("heads", "ffn")}
+    assert back.make(heads=4, ffn=1.0) == back.max()
+    assert back.expand_links({"width": 1.0}) == {"heads": 1.0, "ffn": 1.0}  # main dropped links: width= refused
+    for bad in [math.nan, "0.5", True]:
+        with pytest.raises(subnetact.InvalidSubnetError, match=r"l0\.ffn\[1\]="):
+            Entry("l0.ffn", (0.25, bad))
+    assert Entry("e", (np.float32(0.5), np.int64(1))).choices == (0.5, 1)
+
+
+def test_calibration_on_nan_batches_is_refused_and_registers_nothing(model):
+    cfg = model.space.sample(1)
+    bad = image_batch(2)
+    bad[0, 0, 0, 0] = math.nan
+    with pytest.raises(ConfigError, match=r"non-finite statistics for SubnetNorm .* do the batches contain NaN"):
+        subnetact.calibrate(model, [image_batch(2), bad], subnets=[cfg])
+    assert model.registered_subnets == ()
