@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from .edf import Entry
+from .errors import InvalidRequestError
 from .histogram import LatencyHistogram
 from .profile import SubnetId
 
@@ -33,6 +34,8 @@ __all__ = [
     "OutcomeRecord",
     "percentile",
     "rate_series",
+    "subnet_share_series",
+    "subnet_shares",
     "windowed_outcomes",
 ]
 
@@ -253,3 +256,35 @@ def windowed_outcomes(outcomes: Iterable[OutcomeRecord], bin_s: float) -> list[t
         if o.on_time:
             b[2] += o.on_time * o.accuracy
     return [(i * bin_s, b[1] / b[0], b[2] / b[1] if b[1] else math.nan, int(b[0])) for i, b in sorted(bins.items())]
+
+
+def subnet_shares(decisions: Iterable[DecisionRecord]) -> dict[SubnetId, float]:
+    """Share of the dispatched requests that each subnet served (the system dynamics in total).
+
+    A batch counts with its real request count (``batch_size``), not its padded profile size. Requests of a batch
+    that later failed (its worker died) are counted too: the share describes the policy's choices, not the outcome.
+
+    Returns:
+        ``{subnet_id: share}`` over the subnets that served at least one request, shares summing to 1; ``{}`` when
+        nothing was dispatched.
+    """
+    counts: dict[SubnetId, int] = {}
+    for d in decisions:
+        counts[d.subnet_id] = counts.get(d.subnet_id, 0) + d.batch_size
+    total = sum(counts.values())
+    return {sid: n / total for sid, n in counts.items()} if total else {}
+
+
+def subnet_share_series(
+    decisions: Iterable[DecisionRecord], bin_s: float
+) -> list[tuple[float, dict[SubnetId, float]]]:
+    """:func:`subnet_shares` per time bin of dispatch: ``[(bin_start, {subnet_id: share}), ...]``.
+
+    Only bins in which something was dispatched appear, in time order.
+    """
+    if isinstance(bin_s, bool) or not isinstance(bin_s, (int, float)) or not 0 < bin_s < math.inf:
+        raise InvalidRequestError(f"bin_s must be a finite number of seconds > 0, got {bin_s!r}")
+    bins: dict[int, list[DecisionRecord]] = {}
+    for d in decisions:
+        bins.setdefault(int(d.time // bin_s), []).append(d)
+    return [(i * bin_s, subnet_shares(ds)) for i, ds in sorted(bins.items())]

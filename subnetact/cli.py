@@ -41,10 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         "throughput.",
     )
     demo.add_argument("--duration", type=float, default=8.0, help="seconds of trace per policy (default 8)")
-    demo.add_argument("--rate", type=float, default=1500.0, help="mean requests/s (default 1500)")
+    demo.add_argument("--rate", type=float, default=None, help="mean requests/s (default: from the profile)")
     demo.add_argument("--load", type=float, default=None, help="instead of --rate: x the top subnet's b16 throughput")
     demo.add_argument("--cv2", type=float, default=8.0, help="burstiness of the trace (default 8)")
-    demo.add_argument("--slo-ms", type=float, default=50.0, help="SLO in ms (default 50)")
+    demo.add_argument("--slo-ms", type=float, default=None, help="SLO in ms (default: from the profile)")
     demo.add_argument("--slo-factor", type=float, default=None, help="instead of --slo-ms: x the top's b16 latency")
     demo.add_argument("--latency-stat", choices=("p99", "mean"), default="p99", help="latency policies plan with")
     demo.add_argument(

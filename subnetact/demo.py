@@ -17,12 +17,12 @@
 profiling and stops them at the end, so the machine changes under the profile and the adaptive row shows what
 feedback buys.
 
-Defaults (chosen on the development machine, 2 shared CPU cores; see ``docs/benchmarks.md``): a mean rate of
-1500 requests/s, half constant and half bursty (CV² 8), and a 50 ms SLO. There the most accurate subnet alone cannot
-absorb the bursts within the SLO, the cheaper ones can. The SLO is generous compared with the latencies (a few ms)
-because on a shared CPU other processes pause ours for milliseconds at a time; with tighter SLOs every policy, even
-the cheapest subnet alone, misses 1-3 % of its requests. On another machine, ``--load`` and ``--slo-factor`` set
-the rate and the SLO relative to the profile just measured (e.g. ``--load 0.5 --slo-factor 10``).
+Load and SLO (:mod:`subnetact.demo_load`): unless given, both are derived from the profile just measured, so the
+trade-off shows on any machine. The SLO is twice the most accurate subnet's p99 latency at batch 16 (at least 50 ms,
+for the OS pauses a shared CPU inflicts); the mean rate is 0.8 x the most accurate subnet's capacity within that SLO,
+but at most half the least accurate subnet's. So the bursts (CV² 8) exceed what the most accurate subnet can serve in
+time, and the mean is within reach of the smaller ones. ``rate``/``slo_ms`` set them explicitly, and ``load`` /
+``slo_factor`` relative to the most accurate subnet's batch-16 throughput and latency.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ import torch
 
 from . import digits
 from .config import SubnetConfig
+from .demo_load import capacity_within_slo, derive_load
 from .profiler import profile
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
@@ -77,10 +78,10 @@ class DemoResult:
 def run_demo(
     *,
     duration_s: float = 8.0,
-    rate: float | None = 1500.0,
+    rate: float | None = None,
     load: float | None = None,
     cv2: float = 8.0,
-    slo_ms: float | None = 50.0,
+    slo_ms: float | None = None,
     slo_factor: float | None = None,
     latency_stat: str = "p99",
     policies: Sequence[str] | None = None,
@@ -98,11 +99,13 @@ def run_demo(
 
     Args:
         duration_s: length of the trace replayed for each policy, seconds (> 0).
-        rate: mean arrival rate, requests/s (default 1500); ignored when ``load`` is given.
+        rate: mean arrival rate, requests/s; ignored when ``load`` is given. Default (both ``None``): derived from
+            the profile (:func:`subnetact.demo_load.derive_load`).
         load: if given, the rate is ``load`` x the most accurate subnet's throughput at batch 16 in the profile.
         cv2: burstiness (squared coefficient of variation) of the trace's variable stream (>= 0). The trace is
             :func:`scheduling.traces.bursty` with half of the rate constant and half gamma-distributed.
-        slo_ms: the latency SLO of every request, ms (default 50); ignored when ``slo_factor`` is given.
+        slo_ms: the latency SLO of every request, ms; ignored when ``slo_factor`` is given. Default (both ``None``):
+            derived from the profile.
         slo_factor: if given, the SLO is ``slo_factor`` x the most accurate subnet's batch-16 latency in the profile.
         latency_stat: ``"p99"`` (default) or ``"mean"``: the profiled latency every policy plans with. On a shared
             CPU the p99 leaves room for the jitter that makes mean-planned batches finish late.
@@ -121,6 +124,7 @@ def run_demo(
         stream: where the table and progress go (default stdout).
     """
     from scheduling import Fixed, LatencyModel, MaxAcc, MinCost, SlackFit, traces
+    from scheduling.metrics import rate_series
 
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
@@ -176,8 +180,14 @@ def run_demo(
         rate = load * ref_b / prof.latency(largest, ref_b)
     if slo_factor is not None:
         slo_ms = slo_factor * 1e3 * prof.latency(largest, ref_b)
+    derived = None
     if rate is None or slo_ms is None:
-        raise ValueError("give rate= or load=, and slo_ms= or slo_factor=")
+        derived = derive_load(
+            prof, workers=workers, latency_stat=latency_stat, slo_s=None if slo_ms is None else slo_ms / 1e3
+        )
+        print(f"load from the profile: {derived.describe()}", file=out)
+        rate = derived.rate if rate is None else rate
+        slo_ms = 1e3 * derived.slo_s
     slo_s = slo_ms / 1e3
 
     # -- the trace -------------------------------------------------------------------------------------------------
@@ -187,6 +197,14 @@ def run_demo(
     print(
         f"trace: bursty, {len(arrivals)} requests in {duration_s:g}s (mean {rate:.0f} req/s, CV2 {cv2:g}), "
         f"SLO {slo_ms:.1f} ms, {workers} worker(s), policies plan with {latency_stat} latency",
+        file=out,
+    )
+    top_capacity, _ = capacity_within_slo(prof, largest, slo_s, workers=workers, latency_stat=latency_stat)
+    windows = rate_series(arrivals, slo_s, end=duration_s)
+    over_top = sum(r > top_capacity for _, r in windows) / max(len(windows), 1)
+    print(
+        f"bursts: in {100 * over_top:.0f} % of the SLO-long windows the rate exceeds what the most accurate subnet "
+        f"can serve within the SLO ({top_capacity:.0f} req/s)",
         file=out,
     )
 
@@ -229,6 +247,8 @@ def run_demo(
         "threads": threads,
         "seed": seed,
         "background_load": background_load,
+        "load_from_profile": derived.describe() if derived is not None else None,
+        "windows_over_top_capacity": over_top,
         "requests": len(arrivals),
         "device": prof.metadata.get("device"),
     }

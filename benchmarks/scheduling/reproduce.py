@@ -11,11 +11,22 @@ Experiments (``--experiments a,b,c,d,e,f``):
 (f) actuation delay, Fig. 1c: a coarse-grained load-indexed policy (GearPlan) with 100 ms vs 0 ms switching delay,
     and SlackFit, on a bursty MAF window.
 
+Added by issue 12, each over ``--seeds`` (default 0 1 2), normally with ``--noise lognormal``:
+
+(g) system dynamics (E5 = Fig. 8c, E6 = Fig. 13): the share of requests each subnet serves, over time and in total,
+    for SlackFit and the literal rule, plus a rate sweep and SlackFit's choice table (why the 80.16 % subnet appears).
+(h) App. B (E10): MAF at 4000 q/s, SLO 30 ms, 6 workers; SlackFit vs Clipper+ on each subnet and INFaaS.
+(i) interference: half the workers 1.5x slower for the middle third of the bursty grid's traces; SlackFit with and
+    without a LatencyModel (and the same grid without interference).
+(j) the Clipper+(76.69) and Clipper+(78.25) drops of Fig. 9: their cells at 1x to 2.5x the paper's rates.
+
 Everything is seeded; every run uses 8 workers, the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
-h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms and the drop rule. Example::
+h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
+    python benchmarks/scheduling/reproduce.py --experiments g,h,i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_issue12.json
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ from typing import Any
 from scheduling import (
     Fixed,
     GearPlan,
+    Interference,
+    LatencyModel,
     MaxAcc,
     MaxBatch,
     MinCost,
@@ -40,7 +53,7 @@ from scheduling import (
     simulate,
     traces,
 )
-from scheduling.metrics import rate_series, windowed_outcomes
+from scheduling.metrics import rate_series, subnet_share_series, subnet_shares, windowed_outcomes
 
 SLO = 0.036
 WORKERS = 8
@@ -84,14 +97,21 @@ def make_trace(spec: tuple) -> list[float]:
 
 
 def run(job: tuple) -> dict[str, Any]:
-    """One simulation: (tag, trace spec, policy name, SimConfig kwargs, scale) -> summary dict (+ dynamics)."""
+    """One simulation: (tag, trace spec, policy name, SimConfig kwargs, scale) -> summary dict (+ dynamics).
+
+    The SimConfig kwargs may override ``slo_s`` and ``num_workers`` (default: the paper's 36 ms and 8 workers) and may
+    hold ``adaptive=True``: plan with a :class:`~scheduling.LatencyModel` fed by the simulated service times.
+    """
     tag, trace_spec, policy_name, cfg_kwargs, scale = job
     arrivals = make_trace(trace_spec)
     if scale != 1.0:  # scale the rate by compressing time (keeps the trace's shape and CV²)
         arrivals = [t / scale for t in arrivals]
-    cfg = SimConfig(slo_s=SLO, num_workers=WORKERS, **cfg_kwargs)
+    cfg_kwargs = dict(cfg_kwargs)
+    adaptive = cfg_kwargs.pop("adaptive", False)
+    cfg = SimConfig(**{"slo_s": SLO, "num_workers": WORKERS, **cfg_kwargs})
+    model = LatencyModel(PROFILE) if adaptive else None
     t0 = time.perf_counter()
-    r = simulate(make_policy(policy_name), arrivals, cfg)
+    r = simulate(make_policy(policy_name), arrivals, cfg, latency_model=model)
     wall = time.perf_counter() - t0
     out = {"tag": tag, "policy": policy_name, "requests": len(arrivals), "wall_s": wall, **r.summary.as_dict()}
     if cfg.record_timeline:
@@ -105,6 +125,14 @@ def run(job: tuple) -> dict[str, Any]:
             b[1] += d.batch_size
             b[2] += ACC[d.subnet_id] * d.batch_size
         out["decisions"] = [(i * bin_s, b[1] / b[0], b[2] / b[1]) for i, b in sorted(dec.items())]
+        out["shares"] = subnet_shares(r.decisions)
+        out["share_series"] = subnet_share_series(r.decisions, bin_s)
+        # Requests per (subnet, batch size): how the largest subnet gets its share (E6's explanation).
+        by_batch: dict[str, int] = {}
+        for d in r.decisions:
+            key = f"{d.subnet_id}/{d.batch_size}"
+            by_batch[key] = by_batch.get(key, 0) + d.batch_size
+        out["requests_by_subnet_batch"] = by_batch
     return out
 
 
@@ -115,12 +143,12 @@ def run_all(jobs: list[tuple], n_jobs: int) -> list[dict[str, Any]]:
         return list(ex.map(run, jobs, chunksize=1))
 
 
-def capacity_table() -> list[tuple[Any, float, int, float]]:
-    """Per subnet: (id, accuracy, best batch, max throughput of 8 workers) over batches with latency <= SLO."""
+def capacity_table(slo: float = SLO, workers: int = WORKERS) -> list[tuple[Any, float, int, float]]:
+    """Per subnet: (id, accuracy, best batch, max throughput of ``workers``) over batches with latency <= ``slo``."""
     rows = []
     for s in PROFILE.subnets:
-        best = max((b / st.mean_s, b) for b, st in s.latency.items() if st.mean_s <= SLO)
-        rows.append((s.id, s.accuracy, best[1], WORKERS * best[0]))
+        best = max(((b / st.mean_s, b) for b, st in s.latency.items() if st.mean_s <= slo), default=(0.0, 0))
+        rows.append((s.id, s.accuracy, best[1], workers * best[0]))
     return rows
 
 
@@ -244,7 +272,13 @@ def exp_a(args) -> dict:
     lvs, cvs = [2950, 4900, 5550], [2, 4, 8]
     pols = ["SlackFit", *BASELINES]
     jobs = [
-        (("a", lv, cv), ("bursty", 1500, lv, cv, args.duration, args.seed), p, {}, args.rate_scale)
+        (
+            ("a", lv, cv),
+            ("bursty", 1500, lv, cv, args.duration, args.seed),
+            p,
+            sim_kwargs(args, args.seed),
+            args.rate_scale,
+        )
         for lv in lvs
         for cv in cvs
         for p in pols
@@ -268,7 +302,13 @@ def exp_b(args) -> dict:
     l2s, taus = [4800, 6800, 7800], [250, 500, 5000]
     pols = ["SlackFit", *BASELINES]
     jobs = [
-        (("b", l2, tau), ("timevarying", 2500, l2, tau, 8.0, args.tv_duration, 5.0, args.seed), p, {}, args.rate_scale)
+        (
+            ("b", l2, tau),
+            ("timevarying", 2500, l2, tau, 8.0, args.tv_duration, 5.0, args.seed),
+            p,
+            sim_kwargs(args, args.seed),
+            args.rate_scale,
+        )
         for l2 in l2s
         for tau in taus
         for p in pols
@@ -290,7 +330,10 @@ def exp_b(args) -> dict:
 
 def exp_c(args) -> dict:
     spec = ("maf", 120.0, 6400.0, None, args.seed)
-    jobs = [(("c",), spec, p, {"record_timeline": p == "SlackFit"}, args.rate_scale) for p in ["SlackFit", *BASELINES]]
+    jobs = [
+        (("c",), spec, p, {**sim_kwargs(args, args.seed), "record_timeline": p == "SlackFit"}, args.rate_scale)
+        for p in ["SlackFit", *BASELINES]
+    ]
     res = run_all(jobs, args.jobs)
     sf = next(r for r in res if r["policy"] == "SlackFit")
     base = [r for r in res if r["policy"] != "SlackFit"]
@@ -309,7 +352,13 @@ def exp_d(args) -> dict:
     cvs = [2, 4, 8]
     pols = ["SlackFit", "MaxAcc", "MaxBatch", "SlackFit-lit", "MaxAcc-lit", "MaxBatch-lit"]
     jobs = [
-        (("d", cv), ("bursty", 1500, 5550, cv, args.duration, args.seed), p, {}, args.rate_scale)
+        (
+            ("d", cv),
+            ("bursty", 1500, 5550, cv, args.duration, args.seed),
+            p,
+            sim_kwargs(args, args.seed),
+            args.rate_scale,
+        )
         for cv in cvs
         for p in pols
     ]
@@ -333,7 +382,7 @@ def exp_e(args) -> dict:
                 ("e", rate_mult),
                 spec,
                 p,
-                {"worker_failures": kills, "record_timeline": True},
+                {**sim_kwargs(args, args.seed), "worker_failures": kills, "record_timeline": True},
                 args.rate_scale,
             )
             for p in ["SlackFit", "Fixed4", "Fixed5"]
@@ -371,7 +420,13 @@ def exp_f(args) -> dict:
     for p in ["SlackFit", gear]:
         for delay in (0.0, 0.1):
             jobs.append(
-                (("f", p, delay), spec, p, {"actuation_delay_s": delay, "record_timeline": True}, args.rate_scale)
+                (
+                    ("f", p, delay),
+                    spec,
+                    p,
+                    {**sim_kwargs(args, args.seed), "actuation_delay_s": delay, "record_timeline": True},
+                    args.rate_scale,
+                )
             )
     res = run_all(jobs, args.jobs)
     plt = _plt()
@@ -403,7 +458,297 @@ def exp_f(args) -> dict:
     return {"minutes": [best, best + 60], "runs": res}
 
 
-EXPERIMENTS = {"a": exp_a, "b": exp_b, "c": exp_c, "d": exp_d, "e": exp_e, "f": exp_f}
+# ----------------------------------------------------------------------------- experiments added by issue 12
+def sim_kwargs(args, seed: int) -> dict[str, Any]:
+    """SimConfig settings every run shares: ``--noise`` and the seed of the latency noise."""
+    return {"latency_noise": args.noise, "seed": seed}
+
+
+def over_seeds(rows: list[dict], key: str) -> dict[str, float]:
+    """Mean, min and max of ``key`` over runs (one per seed)."""
+    xs = [r[key] for r in rows]
+    return {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
+
+
+def mean_shares(rows: list[dict]) -> dict[str, dict[str, float]]:
+    """Per subnet: mean, min and max over seeds of its share of the dispatched requests (0 where it served none)."""
+    out = {}
+    for sid in PROFILE.ids:
+        xs = [r["shares"].get(sid, 0.0) for r in rows]
+        out[str(sid)] = {"mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
+    return out
+
+
+def slackfit_choice_table(queue_lens=(1, 2, 4, 8, 16, 17, 32), slacks_ms=(6, 10, 15, 20, 22, 26, 36)) -> dict:
+    """SlackFit's choice (subnet/batch) per queue length and head slack on the A40 profile: why it picks subnet 5."""
+    sf = SlackFit(PROFILE)
+    return {
+        "slacks_ms": list(slacks_ms),
+        "rows": {
+            q: [f"{d.subnet_id}/{d.profile_batch}" for d in (sf.decide(s / 1e3, q, 0.0) for s in slacks_ms)]
+            for q in queue_lens
+        },
+    }
+
+
+def _strip(rows: list[dict]) -> None:
+    """Drop the per-run time series that the JSON does not need."""
+    for r in rows:
+        for k in ("rate", "windows", "decisions", "share_series", "requests_by_subnet_batch"):
+            r.pop(k, None)
+
+
+def share_plot(runs: list[tuple[str, dict]], path: str) -> None:
+    """Per trace: ingest rate and the stacked share of requests each subnet served over time (seed 0)."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(runs), 1, figsize=(9, 2.3 * len(runs)), squeeze=False)
+    colors = plt.get_cmap("viridis")
+    for ax, (title, r) in zip(axes[:, 0], runs, strict=True):
+        ts = [t for t, _ in r["share_series"]]
+        stack = [[sh.get(sid, 0.0) for _, sh in r["share_series"]] for sid in PROFILE.ids]
+        labels = [f"{ACC[sid]:.2f}" for sid in PROFILE.ids]
+        ax.stackplot(ts, stack, labels=labels, colors=[colors(i / 5) for i in range(6)], step="post")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel("share served")
+        ax.set_title(title, fontsize=9)
+        rate = ax.twinx()
+        t, q = zip(*r["rate"], strict=True)
+        rate.plot(t, q, color="black", lw=0.7)
+        rate.set_ylabel("ingest (q/s)", fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8, title="subnet top-1 % (black: ingest rate)")
+    axes[-1][0].set_xlabel("time (s)")
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def exp_g(args) -> dict:
+    """E5/E6 (Fig. 8c, Fig. 13): which subnets SlackFit serves, over time and in total; and why subnet 5 appears."""
+    traces_ = {
+        "E5 MAF 6400 q/s": lambda s: ("maf", 120.0, 6400.0, None, s),
+        "E6 bursty 7000 q/s, CV²=2": lambda s: ("bursty", 1500, 5500, 2, args.duration, s),
+        "E6 bursty 7000 q/s, CV²=8": lambda s: ("bursty", 1500, 5500, 8, args.duration, s),
+        "E6 2500->7400 q/s, τ=250": lambda s: ("timevarying", 2500, 7400, 250, 8.0, args.tv_duration, 5.0, s),
+        "E6 2500->7400 q/s, τ=5000": lambda s: ("timevarying", 2500, 7400, 5000, 8.0, args.tv_duration, 5.0, s),
+    }
+    jobs = [
+        (("g", name, p), make(seed), p, {**sim_kwargs(args, seed), "record_timeline": True}, args.rate_scale)
+        for name, make in traces_.items()
+        for p in ("SlackFit", "SlackFit-lit")
+        for seed in args.seeds
+    ]
+    # The rate sweep behind the explanation: the CV²=2 bursty trace compressed or stretched in time.
+    mults = (0.5, 0.75, 1.0, 1.25, 1.5)
+    jobs += [
+        (
+            ("g-sweep", m, "SlackFit"),
+            ("bursty", 1500, 5500, 2, args.duration, seed),
+            "SlackFit",
+            {**sim_kwargs(args, seed), "record_timeline": True},
+            args.rate_scale * m,
+        )
+        for m in mults
+        for seed in args.seeds
+    ]
+    res = run_all(jobs, args.jobs)
+    share_plot(
+        [
+            (f"{name}: SlackFit, seed {args.seeds[0]}", next(r for r in res if r["tag"] == ("g", name, "SlackFit")))
+            for name in traces_
+        ],
+        figpath(args, "repro_g_dynamics.png"),
+    )
+    cap5 = next(c for c in capacity_table() if c[0] == PROFILE.ids[-1])[3]
+    largest = str(PROFILE.ids[-1])
+
+    def at_batch_ge(rows: list[dict], sid: str, b: int) -> float:
+        """Share of subnet ``sid``'s requests that ran in batches of >= b (over all seeds)."""
+        tot = ge = 0
+        for r in rows:
+            for key, n in r["requests_by_subnet_batch"].items():
+                s_, bb = key.split("/")
+                if s_ == sid:
+                    tot += n
+                    ge += n if int(bb) >= b else 0
+        return ge / tot if tot else math.nan
+
+    table = []
+    for name in traces_:
+        for p in ("SlackFit", "SlackFit-lit"):
+            rows = [r for r in res if r["tag"] == ("g", name, p)]
+            table.append(
+                {
+                    "trace": name,
+                    "policy": p,
+                    "shares": mean_shares(rows),
+                    "attainment": over_seeds(rows, "slo_attainment"),
+                    "accuracy": over_seeds(rows, "mean_accuracy"),
+                    "largest_at_batch_ge_8": at_batch_ge(rows, largest, 8),
+                }
+            )
+    sweep = []
+    for m in mults:
+        rows = [r for r in res if r["tag"] == ("g-sweep", m, "SlackFit")]
+        rate = 7000.0 * args.rate_scale * m
+        sweep.append(
+            {
+                "rate_qps": rate,
+                "largest_capacity_over_rate": cap5 / rate,
+                "shares": mean_shares(rows),
+                "attainment": over_seeds(rows, "slo_attainment"),
+                "accuracy": over_seeds(rows, "mean_accuracy"),
+            }
+        )
+    return {"seeds": args.seeds, "table": table, "sweep": sweep, "choices": slackfit_choice_table()}
+
+
+def exp_h(args) -> dict:
+    """E10 (App. B): MAF at 4000 q/s (CV²=1), SLO 30 ms, 6 workers: Clipper+ vs SlackFit."""
+    slo, workers = 0.030, 6
+    pols = ["SlackFit", *BASELINES]
+    jobs = [
+        (
+            ("h", p, seed),
+            ("maf", 120.0, 4000.0, None, seed),
+            p,
+            {
+                **sim_kwargs(args, seed),
+                "slo_s": slo,
+                "num_workers": workers,
+                "record_timeline": p == "SlackFit" and seed == args.seeds[0],
+            },
+            args.rate_scale,
+        )
+        for p in pols
+        for seed in args.seeds
+    ]
+    res = run_all(jobs, args.jobs)
+    sf0 = next(r for r in res if r["policy"] == "SlackFit" and "rate" in r)
+    dynamics_plot(
+        sf0,
+        "(h) E10 / App. B: SlackFit on MAF at 4000 q/s, SLO 30 ms, 6 workers",
+        figpath(args, "repro_h_appb_dynamics.png"),
+    )
+    peak = max(q for _, q in sf0["rate"])
+    _strip(res)
+    per_seed = []
+    for seed in args.seeds:
+        rs = [r for r in res if r["tag"][2] == seed]
+        sf = next(r for r in rs if r["policy"] == "SlackFit")
+        base = [r for r in rs if r["policy"] != "SlackFit"]
+        per_seed.append({"seed": seed, "headline": headline(sf, base), "dominated_by": dominated_by(sf, base)})
+    caps = [
+        {"subnet": sid, "accuracy": acc, "best_batch": b, "capacity_qps": cap}
+        for sid, acc, b, cap in capacity_table(slo, workers)
+    ]
+    table = [
+        {
+            "policy": p,
+            "attainment": over_seeds([r for r in res if r["policy"] == p], "slo_attainment"),
+            "accuracy": over_seeds([r for r in res if r["policy"] == p], "mean_accuracy"),
+        }
+        for p in pols
+    ]
+    return {"seeds": args.seeds, "peak_rate_qps": peak, "capacity": caps, "table": table, "per_seed": per_seed}
+
+
+def _phase_attainment(r: dict, lo: float, hi: float) -> float:
+    """SLO attainment of the requests that finished in [lo, hi)."""
+    ws = [w for w in r["windows"] if lo <= w[0] < hi]
+    n = sum(w[3] for w in ws)
+    return sum(w[1] * w[3] for w in ws) / n if n else math.nan
+
+
+def exp_i(args) -> dict:
+    """Interference: half the workers 1.5x slower for 10 s mid-trace; SlackFit with and without latency feedback."""
+    lvs, cvs = [2950, 4900, 5550], [2, 4, 8]
+    start, end = args.duration / 3, 2 * args.duration / 3
+    window = (Interference(start, end, 1.5, tuple(range(WORKERS // 2))),)
+    runs = (("static", "SlackFit", False), ("adaptive", "SlackFit", True), ("static", "MinCost", False))
+    jobs = []
+    for check, interference in (("interference", window), ("quiet", ())):
+        for lv in lvs:
+            for cv in cvs:
+                for seed in args.seeds:
+                    for mode, p, adaptive in runs:
+                        cfg = {
+                            **sim_kwargs(args, seed),
+                            "interference": interference,
+                            "adaptive": adaptive,
+                            "record_timeline": True,
+                        }
+                        jobs.append(
+                            (
+                                (check, lv, cv, seed, mode),
+                                ("bursty", 1500, lv, cv, args.duration, seed),
+                                p,
+                                cfg,
+                                args.rate_scale,
+                            )
+                        )
+    res = run_all(jobs, args.jobs)
+    for r in res:
+        r["during"] = _phase_attainment(r, start, end + SLO)  # + SLO: requests started in the window finish after it
+        r["outside"] = _phase_attainment(r, 0.0, start)
+    _strip(res)
+    cells = []
+    for check in ("interference", "quiet"):
+        for lv in lvs:
+            for cv in cvs:
+                cell = {"check": check, "lambda_v": lv, "cv2": cv}
+                for mode, p, _ in runs:
+                    rows = [
+                        r for r in res if r["tag"][:3] == (check, lv, cv) and r["tag"][4] == mode and r["policy"] == p
+                    ]
+                    cell[f"{mode} {p}"] = {
+                        "attainment": over_seeds(rows, "slo_attainment"),
+                        "accuracy": over_seeds(rows, "mean_accuracy"),
+                        "during": over_seeds(rows, "during"),
+                    }
+                cells.append(cell)
+    return {
+        "seeds": args.seeds,
+        "window_s": [start, end],
+        "factor": 1.5,
+        "workers": list(range(WORKERS // 2)),
+        "cells": cells,
+    }
+
+
+def exp_j(args) -> dict:
+    """The paper's Clipper+(76.69) and Clipper+(78.25) drops (Fig. 9): at which rate they appear on the A40 profile."""
+    cells = [(5550, 2), (5550, 4), (5550, 8), (2950, 2), (4900, 2)]
+    mults = (1.0, 1.5, 2.0, 2.25, 2.5)
+    jobs = [
+        (
+            ("j", lv, cv, m, seed),
+            ("bursty", 1500, lv, cv, args.duration, seed),
+            p,
+            sim_kwargs(args, seed),
+            args.rate_scale * m,
+        )
+        for lv, cv in cells
+        for m in mults
+        for p in ("Fixed1", "Fixed3")
+        for seed in args.seeds
+    ]
+    res = run_all(jobs, args.jobs)
+    caps = {c[0]: c[3] for c in capacity_table()}
+    rows = []
+    for lv, cv in cells:
+        for m in mults:
+            row = {"lambda_v": lv, "cv2": cv, "mult": m, "rate_qps": (1500 + lv) * args.rate_scale * m}
+            for p in ("Fixed1", "Fixed3"):
+                rs = [r for r in res if r["tag"][1:4] == (lv, cv, m) and r["policy"] == p]
+                row[p] = over_seeds(rs, "slo_attainment")
+                row[f"{p} capacity_over_rate"] = caps[int(p[5:])] / row["rate_qps"]
+            rows.append(row)
+    return {"seeds": args.seeds, "rows": rows}
+
+
+EXPERIMENTS = {"a": exp_a, "b": exp_b, "c": exp_c, "d": exp_d, "e": exp_e, "f": exp_f, "g": exp_g, "h": exp_h,
+               "i": exp_i, "j": exp_j}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- report
@@ -455,18 +800,121 @@ def report(results: dict) -> None:
                   f"acc {r['mean_accuracy']:.3f} dropped {r['dropped']}")  # fmt: skip
 
 
+def _ms(x: dict, spec: str = ".4f") -> str:
+    """'mean (min-max)' of an over_seeds dict."""
+    return f"{x['mean']:{spec}} ({x['min']:{spec}}-{x['max']:{spec}})"
+
+
+def report_added(results: dict) -> None:
+    """Markdown tables of experiments (g)-(j): mean over seeds, (min-max) in brackets."""
+    if "g" in results:
+        g = results["g"]
+        accs = " | ".join(f"{ACC[sid]:.2f}" for sid in PROFILE.ids)
+        print(f"\n(g) E5/E6 share of requests per subnet, seeds {g['seeds']} (mean; subnet 5 min-max)")
+        print(f"| trace | policy | attainment | accuracy | {accs} | subnet-5 requests at batch >= 8 |")
+        print("|---|---|---|---|" + "---|" * len(PROFILE.ids) + "---|")
+        for row in g["table"]:
+            sh = row["shares"]
+            cols = " | ".join(f"{sh[str(sid)]['mean']:.3f}" for sid in PROFILE.ids[:-1])
+            top = sh[str(PROFILE.ids[-1])]
+            print(
+                f"| {row['trace']} | {row['policy']} | {_ms(row['attainment'], '.5f')} | "
+                f"{row['accuracy']['mean']:.2f} | {cols} | {top['mean']:.3f} ({top['min']:.3f}-{top['max']:.3f}) | "
+                f"{fmt(row['largest_at_batch_ge_8'], '.2f')} |"
+            )
+        print("\n(g) rate sweep, bursty CV²=2: share served by the 80.16 % subnet")
+        print("| mean rate (q/s) | subnet-5 capacity / rate | subnet-5 share | attainment | accuracy |")
+        print("|---|---|---|---|---|")
+        for row in g["sweep"]:
+            top = row["shares"][str(PROFILE.ids[-1])]
+            print(
+                f"| {row['rate_qps']:,.0f} | {row['largest_capacity_over_rate']:.2f} | {_ms(top, '.3f')} | "
+                f"{_ms(row['attainment'], '.5f')} | {row['accuracy']['mean']:.2f} |"
+            )
+        ch = g["choices"]
+        print("\n(g) SlackFit's choice (subnet/batch) by queue length (rows) and head slack in ms (columns)")
+        print("| queue | " + " | ".join(str(x) for x in ch["slacks_ms"]) + " |")
+        print("|---|" + "---|" * len(ch["slacks_ms"]))
+        for q, row in ch["rows"].items():
+            print(f"| {q} | " + " | ".join(row) + " |")
+    if "h" in results:
+        h = results["h"]
+        print(
+            f"\n(h) E10 / App. B: MAF 4000 q/s (peak {h['peak_rate_qps']:,.0f} q/s), SLO 30 ms, 6 workers, "
+            f"seeds {h['seeds']}"
+        )
+        print("| policy | capacity (q/s) | attainment | accuracy |")
+        print("|---|---|---|---|")
+        caps = {c["subnet"]: c for c in h["capacity"]}
+        for row in h["table"]:
+            p = row["policy"]
+            cap = f"{caps[int(p[5:])]['capacity_qps']:,.0f}" if p.startswith("Fixed") else "-"
+            print(f"| {_label(p)} | {cap} | {_ms(row['attainment'], '.5f')} | {row['accuracy']['mean']:.2f} |")
+        for ps in h["per_seed"]:
+            hd = ps["headline"]
+            print(
+                f"  seed {ps['seed']}: +{fmt(hd['acc_gain_pts'], '.2f')} pts at the same attainment, "
+                f"x{fmt(hd['att_ratio'], '.2f')} attainment at the same accuracy, "
+                f"dominated by {ps['dominated_by'] or '-'}"
+            )
+    if "i" in results:
+        i = results["i"]
+        print(
+            f"\n(i) interference: workers {i['workers']} x{i['factor']} during {i['window_s']} s; seeds {i['seeds']}"
+        )
+        for check in ("interference", "quiet"):
+            print(f"\n{check}: attainment mean (worst seed) / accuracy; 'during' = attainment inside the window")
+            print("| λv | CV² | static SlackFit | during | adaptive SlackFit | during | MinCost |")
+            print("|---|---|---|---|---|---|---|")
+            for c in (c for c in i["cells"] if c["check"] == check):
+                st, ad, mc = c["static SlackFit"], c["adaptive SlackFit"], c["static MinCost"]
+
+                def one(x):
+                    return (
+                        f"{x['attainment']['mean']:.4f} ({x['attainment']['min']:.4f}) / {x['accuracy']['mean']:.2f}"
+                    )
+
+                print(
+                    f"| {c['lambda_v']} | {c['cv2']} | {one(st)} | {st['during']['mean']:.4f} | {one(ad)} | "
+                    f"{ad['during']['mean']:.4f} | {one(mc)} |"
+                )
+    if "j" in results:
+        j = results["j"]
+        print(
+            f"\n(j) Clipper+(76.69) = Fixed1 and Clipper+(78.25) = Fixed3 attainment, mean (worst), seeds {j['seeds']}"
+        )
+        print("| λv | CV² | rate × | mean rate (q/s) | Clipper+(76.69) | cap/rate | Clipper+(78.25) | cap/rate |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in j["rows"]:
+            print(
+                f"| {r['lambda_v']} | {r['cv2']} | {r['mult']:g} | {r['rate_qps']:,.0f} | "
+                f"{r['Fixed1']['mean']:.4f} ({r['Fixed1']['min']:.4f}) | {r['Fixed1 capacity_over_rate']:.2f} | "
+                f"{r['Fixed3']['mean']:.4f} ({r['Fixed3']['min']:.4f}) | {r['Fixed3 capacity_over_rate']:.2f} |"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experiments", default="a,b,c,d,e,f")
     ap.add_argument("--duration", type=float, default=30.0, help="bursty trace length (s) for (a) and (d)")
     ap.add_argument("--tv-duration", type=float, default=40.0, help="time-varying trace length (s) for (b)")
     ap.add_argument("--rate-scale", type=float, default=1.0, help="multiply every arrival rate (time compression)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="trace and noise seed of (a)-(f)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of (g)-(j), one run per seed")
+    ap.add_argument(
+        "--noise",
+        choices=["none", "lognormal"],
+        default="none",
+        help="simulated latency noise: 'lognormal' samples around the profiled mean with its std",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--figures", default="docs/figures")
     ap.add_argument("--suffix", default="", help="appended to every figure name (e.g. _x1.5)")
     ap.add_argument("--json", default=None, help="write all results to this JSON file")
     args = ap.parse_args()
+    unknown = [e for e in args.experiments.split(",") if e not in EXPERIMENTS]
+    if unknown:
+        ap.error(f"--experiments: unknown {unknown}; choose from {','.join(EXPERIMENTS)}")
     os.makedirs(args.figures, exist_ok=True)
     results = {}
     for e in args.experiments.split(","):
@@ -474,6 +922,7 @@ def main() -> None:
         results[e] = EXPERIMENTS[e](args)
         print(f"experiment {e} done in {time.perf_counter() - t0:.1f} s", flush=True)
     report(results)
+    report_added(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1, default=str)

@@ -11,6 +11,7 @@ import pytest
 
 from scheduling import Profile
 from subnetact.demo import PolicyResult, frontier
+from subnetact.demo_load import derive_load
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -58,6 +59,13 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
         assert r["latency_p99_ms"] >= r["latency_p50_ms"] > 0
     profile = Profile.load(out / "profile.json", check="ignore")
     assert profile.batch_sizes == (1, 4, 16)
+    # No --rate / --slo-ms: both derived from the profile the demo measured (recomputed here from profile.json).
+    derived = derive_load(profile, workers=1, latency_stat="p99")
+    assert "load from the profile: SLO" in text
+    assert data["settings"]["rate"] == pytest.approx(derived.rate)
+    assert data["settings"]["slo_ms"] == pytest.approx(1e3 * derived.slo_s)
+    assert data["settings"]["load_from_profile"] == derived.describe()
+    assert "bursts: in" in text and 0.0 <= data["settings"]["windows_over_top_capacity"] <= 1.0
     assert (out / "dynamics.png").stat().st_size > 1000
 
 
