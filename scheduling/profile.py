@@ -12,10 +12,12 @@ data.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import random
+import threading
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,9 @@ LatencyStat = Literal["mean", "p99"]
 CheckMode = Literal["warn", "raise", "ignore"]
 
 SCHEMA = "scheduling.profile/1"
+
+MAX_BATCH_SIZE = 65_536
+"""Largest batch size a profile may list: policies keep per-batch-size tables up to the largest one."""
 
 #: Stages of a SuperServe profile entry that count as worker latency by default: the batch's copies, forward pass and
 #: postprocessing. JPEG decode (``deserialize``) is left out: it runs before a request reaches the batch scheduler.
@@ -128,8 +133,11 @@ class Subnet:
                 f"subnet {self.id!r} needs a non-empty mapping batch_size -> LatencyStats, got {self.latency!r}"
             )
         for b in self.latency:
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise InvalidProfileError(f"batch sizes of subnet {self.id!r} must be ints >= 1, got {b!r}")
+            if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= MAX_BATCH_SIZE:
+                raise InvalidProfileError(
+                    f"batch sizes of subnet {self.id!r} must be ints in [1, {MAX_BATCH_SIZE}], got {b!r} "
+                    "(policies build tables that grow with the largest batch size)"
+                )
         table: dict[int, LatencyStats] = {}
         for b in sorted(self.latency):
             stats = self.latency[b]
@@ -360,10 +368,19 @@ class Profile:
         return profile
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write :meth:`to_dict` as indented JSON to ``path``."""
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2)
-            f.write("\n")
+        """Write :meth:`to_dict` as indented JSON to ``path``, atomically: the text goes to a temporary file next to
+        it that is renamed into place, so a crash never leaves a half-written profile."""
+        path = os.fspath(path)
+        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, check: CheckMode = "warn") -> Profile:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import InvalidSubnetError
+from .errors import ConfigError, InvalidSubnetError
 from .supernet import state_of
 
 
@@ -52,6 +52,7 @@ def calibrate(
     Raises:
         InvalidSubnetError: a config is not in the space, or there are no batches. Nothing is registered then, nor
             when a forward raises.
+        ConfigError: the batches gave non-finite (NaN or inf) statistics; nothing is registered.
 
     Example::
 
@@ -88,7 +89,15 @@ def calibrate(
                     )
                 norm = state.ops[op_index]
                 dtype = norm.running_mean.dtype if norm.running_mean is not None else torch.float32
-                parts += [(acc[0] / acc[2]).to(dtype), (acc[1] / acc[2]).to(dtype)]
+                mean, var = (acc[0] / acc[2]).to(dtype), (acc[1] / acc[2]).to(dtype)
+                if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
+                    # NaN/inf statistics would make every output of this subnet NaN; refuse them before registering.
+                    raise ConfigError(
+                        f"batches gave non-finite statistics for SubnetNorm "
+                        f"{_path(model, state.ops[op_index])!r} of subnet {cfg.id}; do the batches contain NaN or "
+                        "inf values? Nothing was registered"
+                    )
+                parts += [mean, var]
             new_stats[cfg] = torch.cat(parts) if parts else torch.empty(0)
     finally:
         model.train(was_training)

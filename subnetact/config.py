@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,12 +21,16 @@ Value = int | float
 
 
 def _as_value(dim: str, index: int, v: Any) -> Value:
-    # bool is an int subclass; True as a depth is almost certainly a bug, so refuse it.
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
+    # bool is an int subclass; True as a depth is almost certainly a bug, so refuse it (numpy's bool_ is no Integral).
+    # numpy scalars (np.int64, np.float32, ...) register as numbers.Integral / Real: stored as Python int / float.
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise InvalidSubnetError(f"{dim}[{index}]={v!r} has type {type(v).__name__}; expected an int or a float")
-    if isinstance(v, float) and not math.isfinite(v):
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    f = float(v)
+    if not math.isfinite(f):
         raise InvalidSubnetError(f"{dim}[{index}]={v!r} is not a finite number")
-    return v
+    return f
 
 
 class SubnetConfig:
@@ -145,7 +150,11 @@ class SubnetConfig:
         """Canonical JSON: sorted keys, no whitespace. Equal configs give equal strings."""
         # 1 == 1.0 in Python (same hash, equal configs), so integral floats are written as ints to keep the
         # canonical text, and therefore ``id``, equal for equal configs.
-        canonical = {name: [int(v) if float(v).is_integer() else v for v in values] for name, values in self._items}
+        # (Ints stay ints: float() of a huge int overflows.)
+        canonical = {
+            name: [v if isinstance(v, int) or not v.is_integer() else int(v) for v in values]
+            for name, values in self._items
+        }
         return json.dumps(canonical, sort_keys=True, separators=(",", ":"))
 
     @property

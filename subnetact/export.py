@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from torch import nn
 
 from ._registry import ClassRegistry
 from .config import SubnetConfig
+from .errors import InvalidSubnetError
 from .operator import Operator
 from .state import Plan
 from .supernet import state_of
 
 
-def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
+def export(model: nn.Module, config: SubnetConfig | Mapping[str, Sequence[float]] | None = None) -> nn.Module:
     """Build the subnet ``config`` (default: the active one) as a plain module with copied, sliced weights.
 
     The result has the original model's classes (a ``torchvision.models.ResNet`` stays one, with fewer blocks
@@ -23,9 +24,14 @@ def export(model: nn.Module, config: SubnetConfig | None = None) -> nn.Module:
 
     Args:
         model: a model returned by :func:`subnetact.convert`.
-        config: the subnet to extract; None for ``model.active``.
+        config: the subnet to extract (a :class:`SubnetConfig` or its ``to_dict()`` form, as for ``actuate``);
+            None for ``model.active``.
     """
     state = state_of(model)
+    if config is not None and not isinstance(config, SubnetConfig):
+        if not isinstance(config, Mapping):
+            raise InvalidSubnetError(f"config={config!r} must be a SubnetConfig or a mapping of dimension -> values")
+        config = SubnetConfig.from_dict(config)  # the dict form actuate() accepts
     plan = state.default if config is None else state.plan_for(config)
     base = type(model)._subnetact_base
     dense = _rebuild(model, plan, root_class=base)

@@ -1,14 +1,21 @@
 """``save`` / ``load``: one safetensors file holding the weights, the registered statistics and, in its metadata, the
-space and the registered subnets as JSON."""
+space and the registered subnets as JSON.
+
+The sha256 in the metadata covers the tensor data *and* the JSON header (format version 2), so a damaged or edited
+header (another valid ``active`` subnet, a dropped subnet) is refused like damaged tensor data. Version 1 files, whose
+checksum covers the tensors only, are still read.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tempfile
+import secrets
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,7 +26,9 @@ from .space import Space
 from .supernet import SupernetMixin, state_of
 
 FORMAT = "subnetact"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
+_DIGEST_KEY = "subnetact.sha256"  # metadata key of the checksum of the tensors and the header (version 2)
 _MODEL_PREFIX = "model."
 _STATS_PREFIX = "stats."
 
@@ -55,17 +64,31 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
         "subnets": [cfg.to_dict() for cfg in subnets],
         "active": state.default_config.to_dict(),
         "aliases": aliases,
-        "sha256": _digest(tensors),
     }
+    header_json = json.dumps(header)
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    os.close(fd)
+    tmp = _new_temp_file(path)
     try:
-        save_file(tensors, tmp, metadata={FORMAT: json.dumps(header)})
+        mode = os.stat(tmp).st_mode & 0o777  # 0666 minus the umask
+        save_file(tensors, tmp, metadata={FORMAT: header_json, _DIGEST_KEY: _digest(tensors, header_json)})
+        os.chmod(tmp, mode)  # safetensors recreates the file with mode 0600
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _new_temp_file(path: Path) -> str:
+    """Create an empty file next to ``path`` for an atomic replace. Unlike ``tempfile.mkstemp`` (mode 0600) it is
+    created with mode 0666 minus the umask, so the saved file gets the permissions ``open(path, "w")`` would give."""
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            continue
+        return str(tmp)
+    raise FileExistsError(f"could not create a temporary file next to {str(path)!r}")
 
 
 def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.Module]) -> nn.Module:
@@ -77,62 +100,112 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
             ``torchvision.models.resnet50``). An unconverted model is converted with the saved convert options.
 
     Raises:
-        CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (checksum), was not written by
-            subnetact, or does not match the model (space, keys, shapes, dtypes). Nothing is changed then.
+        CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (the sha256 covers the
+            tensors and the header), was not written by subnetact, or does not match the model (space, keys, shapes,
+            dtypes, subnets). Every problem with the file raises this, and the model passed in is left as it was
+            (a model converted by this call is unconverted again).
     """
     from safetensors import SafetensorError, safe_open
 
-    from .convert import ConvertConfig, convert
+    from .convert import convert, unconvert
 
     path = Path(path)
+    where = repr(str(path))
     try:
         # One open reads the header (metadata) and every tensor; a truncated file fails here.
         with safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
             tensors = {key: f.get_tensor(key) for key in f.keys()}
-        header = json.loads(metadata[FORMAT])
+        header_json = metadata[FORMAT]
+        header = json.loads(header_json)
     except FileNotFoundError:
-        raise CheckpointError(f"{str(path)!r} does not exist") from None
-    except (SafetensorError, OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{where} does not exist") from None
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
         raise CheckpointError(
-            f"{str(path)!r} is not a readable subnetact checkpoint (truncated or corrupted?): {exc}"
+            f"{where} is not a readable subnetact checkpoint (truncated or corrupted?): {exc}"
         ) from None
-    if header.get("format") != FORMAT or header.get("format_version") != FORMAT_VERSION:
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where} is not a readable subnetact checkpoint: its header is not a JSON object")
+    version = header.get("format_version")
+    if header.get("format") != FORMAT or version not in _READABLE_VERSIONS:
         raise CheckpointError(
-            f"{str(path)!r} has format {header.get('format')!r} version {header.get('format_version')!r}; "
-            f"this subnetact reads {FORMAT!r} version {FORMAT_VERSION}"
+            f"{where} has format {header.get('format')!r} version {version!r}; "
+            f"this subnetact reads {FORMAT!r} versions {_READABLE_VERSIONS}"
         )
-    if _digest(tensors) != header.get("sha256"):
-        raise CheckpointError(f"{str(path)!r} is corrupted: the tensor data does not match its sha256 checksum")
+    if version == 1:  # written before the checksum covered the header
+        expected, actual = header.get("sha256"), _digest(tensors)
+    else:
+        expected, actual = metadata.get(_DIGEST_KEY), _digest(tensors, header_json)
+    if actual != expected:
+        raise CheckpointError(f"{where} is corrupted: its tensors and header do not match their sha256 checksum")
+    try:
+        saved = _parse_header(header, tensors)
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a header the checksum accepts but this version cannot use
+        raise CheckpointError(f"{where} has a header this subnetact cannot use: {exc!r}") from exc
 
     model = model_or_factory if isinstance(model_or_factory, nn.Module) else model_or_factory()
     if not isinstance(model, nn.Module):
         raise ArgumentTypeError(f"model_or_factory returned {type(model).__name__}, not an nn.Module")
     converted_here = not isinstance(model, SupernetMixin)
-    if converted_here:
-        # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in header["convert_config"].items()}
-        convert(model, ConvertConfig(**options))
     try:
-        _load_validated(model, tensors, header, path)
-    except CheckpointError:
         if converted_here:
-            from .convert import unconvert
-
+            # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.
+            convert(model, saved.convert_config)
+        _load_validated(model, tensors, saved, where)
+    except BaseException as exc:
+        if converted_here and isinstance(model, SupernetMixin):
             unconvert(model)
-        raise
+        if isinstance(exc, CheckpointError) or not isinstance(exc, Exception):
+            raise
+        raise CheckpointError(f"{where} does not fit the model: {exc!r}") from exc
     return model
 
 
-def _load_validated(model: nn.Module, tensors: dict, header: dict, path: Path) -> None:
+@dataclass(frozen=True)
+class _SavedHeader:
+    """A checkpoint's header, parsed and type-checked before the model is touched."""
+
+    convert_config: Any
+    space: Space
+    subnets: list[SubnetConfig]
+    active: SubnetConfig
+    aliases: dict[str, str]
+
+
+def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeader:
+    from .convert import ConvertConfig
+
+    options = header["convert_config"]
+    if not isinstance(options, dict):
+        raise CheckpointError(f"convert_config must be a JSON object, got {options!r}")
+    aliases = header["aliases"]
+    if not isinstance(aliases, dict) or not all(
+        isinstance(k, str) and k.startswith(_MODEL_PREFIX) and v in tensors for k, v in aliases.items()
+    ):
+        raise CheckpointError(f"aliases must map model keys to stored tensors, got {aliases!r}")
+    subnets = header["subnets"]
+    if not isinstance(subnets, list):
+        raise CheckpointError(f"subnets must be a JSON list, got {subnets!r}")
+    return _SavedHeader(
+        convert_config=ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}),
+        space=Space.from_dict(header["space"]),
+        subnets=[SubnetConfig.from_dict(c) for c in subnets],
+        active=SubnetConfig.from_dict(header["active"]),
+        aliases=dict(aliases),
+    )
+
+
+def _load_validated(model: nn.Module, tensors: dict, saved: _SavedHeader, where: str) -> None:
     state = model._subnetact
-    where = repr(str(path))
-    space = Space.from_dict(header["space"])
+    space = saved.space
     if space != state.space:
         raise CheckpointError(
             f"{where} was saved from a model with a different space:\n{space}\nthe model has:\n{state.space}"
         )
-    for alias, target in header["aliases"].items():
+    tensors = dict(tensors)
+    for alias, target in saved.aliases.items():
         tensors[alias] = tensors[target]
     expected = model.state_dict()
     model_tensors = {k[len(_MODEL_PREFIX) :]: v for k, v in tensors.items() if k.startswith(_MODEL_PREFIX)}
@@ -150,14 +223,14 @@ def _load_validated(model: nn.Module, tensors: dict, header: dict, path: Path) -
                 f"the model has {tuple(ref.shape)} and {ref.dtype}"
             )
     stats = {}
-    for i, cfg_dict in enumerate(header["subnets"]):
-        cfg = state.space.validate(SubnetConfig.from_dict(cfg_dict))
+    for i, cfg in enumerate(saved.subnets):
+        cfg = state.space.validate(cfg)
         buffer = tensors.get(f"{_STATS_PREFIX}{i}")
         numel = 2 * sum(k for _, k in state.stats_layout(cfg))
         if buffer is None or buffer.numel() != numel:
             raise CheckpointError(f"{where}: statistics of subnet {cfg.id} are missing or have the wrong size")
         stats[cfg] = buffer
-    active = state.space.validate(SubnetConfig.from_dict(header["active"]))
+    active = state.space.validate(saved.active)
 
     # Everything checked: commit.
     with torch.no_grad():
@@ -169,8 +242,11 @@ def _load_validated(model: nn.Module, tensors: dict, header: dict, path: Path) -
     state.invalidate(default=active)
 
 
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
+def _digest(tensors: dict[str, torch.Tensor], header_json: str | None = None) -> str:
+    """sha256 of every tensor (key, dtype, shape, bytes) and, from format version 2 on, of the header's JSON text."""
     h = hashlib.sha256()
+    if header_json is not None:
+        h.update(header_json.encode())
     for key in sorted(tensors):
         t = tensors[key].contiguous()
         h.update(key.encode())

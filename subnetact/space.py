@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import SubnetConfig, Value
+from .config import SubnetConfig, Value, _as_value
 from .errors import InvalidSubnetError
+
+_LINKS_KEY = "__links__"  # in to_dict(): not a dimension name
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,12 @@ class Entry:
     choices: tuple[Value, ...]
 
     def __post_init__(self) -> None:
-        if not self.choices:
-            raise InvalidSubnetError(f"entry {self.name!r} has no choices")
+        if isinstance(self.choices, (str, bytes)) or not isinstance(self.choices, Sequence) or not self.choices:
+            raise InvalidSubnetError(
+                f"entry {self.name!r} needs a non-empty sequence of choices, got {self.choices!r}"
+            )
+        # Finite ints or floats only (numpy scalars become Python numbers): a NaN or a string choice could never match.
+        object.__setattr__(self, "choices", tuple(_as_value(self.name, i, c) for i, c in enumerate(self.choices)))
         if len(set(self.choices)) != len(self.choices):
             raise InvalidSubnetError(f"entry {self.name!r} has duplicate choices {self.choices!r}")
 
@@ -166,7 +173,7 @@ class Space:
         expanded = {}
         for dim, value in self.expand_links(dims).items():
             entries = self.entries(dim)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy scalars included
                 expanded[dim] = (value,) * len(entries)
             elif isinstance(value, (list, tuple)):
                 expanded[dim] = tuple(value)
@@ -213,12 +220,32 @@ class Space:
             yield SubnetConfig(**values)
 
     # -- serialisation -------------------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, list[dict[str, Any]]]:
-        return {d: [{"name": e.name, "choices": list(e.choices)} for e in es] for d, es in self._dims.items()}
+    def to_dict(self) -> dict[str, Any]:
+        """``{dimension: [{"name", "choices"}, ...]}``, plus ``"__links__": {keyword: [dimensions]}`` if there are
+        links (a transformer's ``width`` -> ``heads`` and ``ffn``)."""
+        out: dict[str, Any] = {
+            d: [{"name": e.name, "choices": list(e.choices)} for e in es] for d, es in self._dims.items()
+        }
+        if self._links:
+            out[_LINKS_KEY] = {name: list(targets) for name, targets in self._links.items()}
+        return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Sequence[Mapping[str, Any]]]) -> Space:
-        return cls({d: [Entry(str(e["name"]), tuple(e["choices"])) for e in es] for d, es in data.items()})
+    def from_dict(cls, data: Mapping[str, Any]) -> Space:
+        """The inverse of :meth:`to_dict` (links included)."""
+        if not isinstance(data, Mapping):
+            raise InvalidSubnetError(f"a space dict must be a mapping of dimension -> entries, got {data!r}")
+        links = data.get(_LINKS_KEY)
+        if links is not None and not isinstance(links, Mapping):
+            raise InvalidSubnetError(f"{_LINKS_KEY} must map a keyword to dimension names, got {links!r}")
+        dims = {}
+        for d, es in data.items():
+            if d == _LINKS_KEY:
+                continue
+            if isinstance(es, (str, bytes)) or not isinstance(es, Sequence):
+                raise InvalidSubnetError(f"dimension {d!r} must be a list of entries, got {es!r}")
+            dims[d] = [Entry(str(e["name"]), e["choices"]) for e in es]
+        return cls(dims, links)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Space) and self._dims == other._dims

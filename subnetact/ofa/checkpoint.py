@@ -82,7 +82,9 @@ def load_checkpoint(
             raise CheckpointError(f"checkpoint {where} does not exist") from None
         except pickle.UnpicklingError as exc:
             # torch reports both a refused class and a damaged file as UnpicklingError; only the first names one.
-            needs = re.search(r"Unsupported global: GLOBAL (\S+)", str(exc))
+            # The wording changed across torch releases: "Unsupported global: GLOBAL x.y" (2.4-2.6) and "unsupported
+            # GLOBAL x.y whose module x is blocked" (later): match both, else an os.system payload reads "damaged".
+            needs = re.search(r"unsupported global:? (?:GLOBAL )?([\w.]+)", str(exc), re.IGNORECASE)
             if needs is None:
                 raise CheckpointError(f"checkpoint {where} is not a readable torch file (damaged?)") from None
             raise CheckpointError(

@@ -127,3 +127,21 @@ def test_save_load_round_trip(tmp_path, source):
     with torch.no_grad():
         for cfg in served:
             assert torch.equal(model(x, subnet=cfg), loaded(x, subnet=cfg))
+
+
+class _SystemCall:
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("true",))
+
+
+def test_refused_os_system_payload_is_named_not_called_damaged(tmp_path, source):
+    # torch's message for a blocked module ("unsupported GLOBAL posix.system whose module posix is blocked") no longer
+    # matched the pattern of older releases, so such a file was reported as "damaged?".
+    path = tmp_path / "payload.pth"
+    torch.save({"state_dict": source.state_dict(), "hook": _SystemCall()}, path)
+    model = _fresh()
+    with pytest.raises(subnetact.CheckpointError, match=r"it pickles (posix|nt|os)\.system") as info:
+        load_checkpoint(model, path)
+    assert "damaged" not in str(info.value)

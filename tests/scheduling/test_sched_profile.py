@@ -69,7 +69,7 @@ def test_json_round_trip(tmp_path):
             "accuracy of subnet 1 must be a finite number, got nan",
         ),
         (lambda: Subnet(1, 70.0, {}), "non-empty mapping"),
-        (lambda: Subnet(1, 70.0, {0: LatencyStats(0.01)}), "must be ints >= 1, got 0"),
+        (lambda: Subnet(1, 70.0, {0: LatencyStats(0.01)}), r"must be ints in \[1, 65536\], got 0"),
         (lambda: Subnet(1.5, 70.0, {1: LatencyStats(0.01)}), "subnet id must be an int or str, got 1.5"),
         (lambda: LatencyStats(-0.001), "mean_s must be a positive finite number of seconds, got -0.001"),
         (lambda: LatencyStats(math.inf), "mean_s must be a positive finite"),
