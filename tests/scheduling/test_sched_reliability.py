@@ -82,7 +82,9 @@ def test_death_after_the_batch_was_taken_fails_that_batch():
             assert isinstance(exc, NoWorkersError)
     assert taken and s.workers == []
     m = s.metrics()
-    assert m.total == 5 and m.failed == 5 and m.on_time == 0
+    # Requests queued when the worker died count as failed; any submitted after it died (the worker can die before
+    # the loop above has submitted all five) are rejected at the door. Each is counted once either way.
+    assert m.total == 5 and m.failed + m.rejected == 5 and m.failed >= len(taken) and m.on_time == 0
     s.close(timeout=T)
 
 
