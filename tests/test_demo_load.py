@@ -3,7 +3,7 @@
 import pytest
 
 from scheduling import LatencyStats, Profile, Subnet
-from subnetact.demo_load import SLO_FLOOR_S, capacity_within_slo, derive_load
+from subnetact.demo_load import LIVE_EFFICIENCY, SLO_FLOOR_S, capacity_within_slo, derive_load
 
 MS = 1e-3
 
@@ -28,7 +28,7 @@ def test_slo_from_the_top_subnet_and_rate_from_both_capacities():
     # top: p99 <= 30 ms at batches 1, 4, 16 -> best 16 / 20 ms = 800 req/s; low: all fit -> 32 / 10 ms = 3200 req/s.
     assert (d.top_id, d.top_batch, d.low_id, d.low_batch) == ("top", 16, "low", 32)
     assert d.top_capacity == pytest.approx(800) and d.low_capacity == pytest.approx(3200)
-    assert d.rate == pytest.approx(min(0.8 * 800, 0.5 * 3200)) and not d.narrow
+    assert d.rate == pytest.approx(LIVE_EFFICIENCY * min(0.8 * 800, 0.5 * 3200)) and not d.narrow
     assert "SLO 60.0 ms = max(50 ms, 2 x 30.00 ms" in d.describe()
     # Two workers double both capacities and the rate; the SLO does not change.
     d2 = derive_load(_profile(TOP, LOW), workers=2)
@@ -39,7 +39,7 @@ def test_floor_and_mean_planning():
     # 10x faster: 2 x p99(top, 16) = 6 ms, so the floor sets the SLO and batch 32 fits for both subnets.
     d = derive_load(_profile(TOP, LOW, scale=0.1))
     assert d.slo_s == SLO_FLOOR_S == 0.050 and d.top_batch == d.low_batch == 32
-    assert d.rate == pytest.approx(min(0.8 * 32 / 0.004, 0.5 * 32 / 0.001))
+    assert d.rate == pytest.approx(LIVE_EFFICIENCY * min(0.8 * 32 / 0.004, 0.5 * 32 / 0.001))
     # Planning with the mean: SLO = max(50, 2 x 20) = 50 ms; top batch 32 (40 ms) does not fit twice.
     d = derive_load(_profile(TOP, LOW), latency_stat="mean")
     assert d.slo_s == SLO_FLOOR_S and d.top_batch == 16 and d.top_capacity == pytest.approx(800)
@@ -49,7 +49,7 @@ def test_given_slo_derives_only_the_rate():
     d = derive_load(_profile(TOP, LOW), slo_s=0.024)
     # p99 <= 12 ms: top at batches 1 and 4 -> 4 / 8 ms = 500 req/s; low up to 16 -> 16 / 6 ms = 2667 req/s.
     assert d.slo_given and d.slo_s == 0.024 and (d.top_batch, d.low_batch) == (4, 16)
-    assert d.rate == pytest.approx(400.0)
+    assert d.rate == pytest.approx(LIVE_EFFICIENCY * 400.0)
     assert "SLO 24.0 ms;" in d.describe()
 
 
@@ -57,7 +57,7 @@ def test_narrow_served_set_is_flagged():
     # low only 1.2x faster than top: half its capacity is below 0.8 x top's, so it bounds the rate.
     low = {b: m / 1.2 for b, m in TOP.items()}
     d = derive_load(_profile(TOP, low))
-    assert d.narrow and d.rate == pytest.approx(0.5 * d.low_capacity)
+    assert d.narrow and d.rate == pytest.approx(LIVE_EFFICIENCY * 0.5 * d.low_capacity)
     assert "little trade-off" in d.describe()
 
 
