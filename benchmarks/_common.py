@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -50,3 +51,21 @@ def machine() -> str:
         f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, python {platform.python_version()}"
     )
+
+
+def cache_peak_bytes(model: torch.nn.Module, subnets: list, budget_mb: float | None) -> int:
+    """Most bytes the weight cache holds while ``subnets`` run round-robin twice, from an empty cache, at
+    ``budget_mb`` (None: the default); the default budget is restored afterwards. The copies' size does not depend
+    on the input size, so tiny inputs suffice (uncalibrated subnets' warnings are silenced)."""
+    model.set_weight_cache(0)  # start empty: copies left by earlier forwards would count towards the peak
+    model.set_weight_cache(budget_mb)
+    peak = 0
+    x = torch.randn(1, 3, 32, 32)
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            for cfg in subnets:
+                model(x, subnet=cfg)
+                peak = max(peak, model.weight_cache_info().used_bytes)
+    model.set_weight_cache(None)
+    return peak

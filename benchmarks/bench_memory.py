@@ -16,7 +16,7 @@ from torch import nn
 
 import subnetact
 
-from _common import machine, spanning_subnets
+from _common import cache_peak_bytes, machine, spanning_subnets
 
 
 def nbytes(module: nn.Module) -> int:
@@ -78,22 +78,6 @@ def main() -> None:
         cache = cache_peak_bytes(model, six, mb)
         total = weights + stats6 + cache
         print(f"| {label} | {cache / 1e6:.1f} MB | {total / 1e6:.1f} MB | {exported_six / total:.2f}x |")
-
-
-def cache_peak_bytes(model: nn.Module, subnets: list, budget_mb: float | None) -> int:
-    """Most bytes the weight cache holds while ``subnets`` run round-robin twice, at ``budget_mb`` (None: the
-    default). The copies do not depend on the input size, so tiny inputs suffice."""
-    model.set_weight_cache(0)
-    model.set_weight_cache(budget_mb)
-    peak = 0
-    x = torch.randn(1, 3, 32, 32)
-    with torch.inference_mode():
-        for _ in range(2):
-            for cfg in subnets:
-                model(x, subnet=cfg)
-                peak = max(peak, model.weight_cache_info().used_bytes)
-    model.set_weight_cache(None)
-    return peak
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 import subnetact
 from subnetact import zoo
 
-from _common import machine, median, timeit
+from _common import cache_peak_bytes, machine, median, timeit
 
 
 def nbytes(module: torch.nn.Module) -> int:
@@ -37,22 +37,6 @@ def nbytes(module: torch.nn.Module) -> int:
 
 def stats_bytes(model) -> int:
     return sum(t.numel() * t.element_size() for t in model._subnetact.stats.values())
-
-
-def cache_peak_bytes(model, subnets, budget_mb: float | None) -> int:
-    """Most bytes the weight cache holds while ``subnets`` each run once (round-robin, twice), at ``budget_mb``
-    (None: the default). The copies' size does not depend on the input size, so tiny inputs suffice."""
-    model.set_weight_cache(budget_mb)
-    peak = 0
-    x = torch.randn(1, 3, 32, 32)
-    with torch.inference_mode(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for _ in range(2):
-            for cfg in subnets:
-                model(x, subnet=cfg)
-                peak = max(peak, model.weight_cache_info().used_bytes)
-    model.set_weight_cache(None)
-    return peak
 
 
 def main() -> None:
