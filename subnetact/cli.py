@@ -9,12 +9,12 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ._imports import import_callable
 from .errors import ConfigError
 
 
@@ -142,7 +142,7 @@ def _profile(args: argparse.Namespace) -> int:
                 f"checkpoint={args.checkpoint!r} needs --factory module:callable (the unconverted model) and "
                 "--input-shape (one sample's shape, e.g. 3,224,224)"
             )
-        model = load(args.checkpoint, _factory(args.factory)).eval()
+        model = load(args.checkpoint, import_callable(args.factory, "--factory")).eval()
         example = torch.randn(1, *args.input_shape)
     if args.accuracies is not None:
         data = json.loads(args.accuracies.read_text())
@@ -168,19 +168,6 @@ def _profile(args: argparse.Namespace) -> int:
         print(f"subnet {s.id}: accuracy {s.accuracy:g}, mean latency ms: {lat}")
     print(f"wrote {args.out}")
     return 0
-
-
-def _factory(spec: str):
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError(f"--factory {spec!r} must be module:callable, e.g. torchvision.models:resnet50")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"--factory {spec!r}: {exc}") from None
-    if not callable(fn):
-        raise ConfigError(f"--factory {spec!r} is not callable")
-    return fn
 
 
 if __name__ == "__main__":

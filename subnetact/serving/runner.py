@@ -8,8 +8,7 @@ not pickle; every worker loads the file). :meth:`ModelSpec.build` returns a :cla
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,24 +18,12 @@ from torch import nn
 
 from scheduling import Profile
 
+from .._imports import import_callable
 from ..config import SubnetConfig
 
 __all__ = ["ModelSpec", "SupernetRunner"]
 
 _POSTPROCESS = ("argmax", "logits")
-
-
-def _import_callable(spec: str, what: str) -> Callable[..., Any]:
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"{what}={spec!r} must be 'module:callable', e.g. 'torchvision.models:resnet50'")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"{what}={spec!r} cannot be imported: {exc}") from None
-    if not callable(fn):
-        raise ValueError(f"{what}={spec!r} is not callable")
-    return fn
 
 
 class SupernetRunner:
@@ -142,7 +129,7 @@ class ModelSpec:
 
         if self.threads is not None:
             torch.set_num_threads(self.threads)
-        model = load(self.checkpoint, _import_callable(self.factory, "factory")).to(self.device)
+        model = load(self.checkpoint, import_callable(self.factory, "factory")).to(self.device)
         return SupernetRunner(
             model,
             self.load_profile(),
