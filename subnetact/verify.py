@@ -38,13 +38,18 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """Run the block's forwards on one intra-op thread, then restore the setting.
+    """Run the block's forwards on one intra-op thread, then restore the caller's setting exactly.
 
-    Why: convert's forwards are tiny (batch 1, 32 px images), where thread synchronisation costs more than it saves;
-    on a loaded 2-core machine resnet50's convert took 9.5 s with 2 threads and 0.62 s with one. The setting is
-    process-wide: forwards that other threads run while ``convert`` is verifying also use one thread meanwhile.
+    Why: convert's forwards are small (batch 1, 32 px images for CNNs), and a shared machine punishes threads that
+    wait for each other. Measured on the 2-core build box (``docs/benchmarks.md``): at load average ~3 one thread vs
+    two took 0.08 s vs 0.07 s for resnet50, 1.38 s vs 0.86 s for regnet_y_128gf and 8.8 s vs 14.7 s for vit_h_14; at
+    load ~10 resnet50 took 0.62 s vs 9.5 s. The setting is process-wide: forwards that other threads run while
+    ``convert`` is verifying also use one thread meanwhile. Left untouched when it already is one.
     """
     threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
     torch.set_num_threads(1)
     try:
         yield

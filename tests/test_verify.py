@@ -76,3 +76,37 @@ def test_a_real_mismatch_is_still_refused_after_asking_the_original(monkeypatch)
     with pytest.raises(subnetact.UnsupportedModelError, match="largest subnet does not reproduce"):
         subnetact.convert(model, example_inputs=torch.randn(1, 3, 8, 8))
     _assert_unchanged(model, snap)
+
+
+class ThreadProbe(nn.Module):
+    """Records the intra-op thread count each forward runs with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(torch.get_num_threads())
+        return x
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_convert_forwards_run_on_one_thread_and_the_setting_is_restored(refused):
+    torch.manual_seed(0)
+    probe = ThreadProbe()
+    if refused:  # the flatten into the classifier blocks the only group: nothing can be elastic
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), probe, nn.Flatten(), nn.Linear(8 * 6 * 6, 2)).eval()
+    else:
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), probe, nn.Conv2d(8, 4, 1), nn.AdaptiveAvgPool2d(1)).eval()
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        if refused:
+            with pytest.raises(subnetact.UnsupportedModelError):
+                subnetact.convert(model, example_inputs=torch.randn(1, 3, 8, 8))
+        else:
+            subnetact.convert(model, example_inputs=torch.randn(1, 3, 8, 8))
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    assert probe.seen and set(probe.seen) == {1}
