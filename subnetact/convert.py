@@ -24,6 +24,7 @@ from .verify import (
     MODE_SENSITIVE,
     check_largest,
     check_smallest,
+    detached_copy,
     one_thread,
     plain_output,
     same_output,
@@ -114,7 +115,9 @@ def convert(
             those it accepts become elastic. Default: all.
         example_inputs: what ``model`` takes: a tensor, a tuple of positional arguments or a dict of keyword
             arguments (batch 1 is enough). Default: an image batch built from the first convolution (trying a few
-            sizes, or the model's ``image_size``) or a vector batch for the first linear layer.
+            sizes, or the model's ``image_size``) or a vector batch for the first linear layer. The converted model
+            keeps a detached CPU copy, which :func:`subnetact.save` records so :func:`subnetact.load` converts a
+            fresh model the same way.
 
     Returns:
         ``model`` itself, now actuated on its largest subnet.
@@ -165,6 +168,8 @@ def convert(
             except BaseException:
                 rollback(model, replaced)
                 raise
+        if example_inputs is not None and call is not None:
+            model._subnetact.example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
     return model
 
 

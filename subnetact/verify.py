@@ -57,19 +57,39 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def detached_copy(obj: Any) -> Any:
+    """``obj`` with every tensor inside nested tuples / lists / dicts replaced by a detached CPU copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(detached_copy(item) for item in obj)
+    if isinstance(obj, dict):
+        return {key: detached_copy(item) for key, item in obj.items()}
+    return obj
+
+
+def example_call(example_inputs: Any) -> Call:
+    """The call ``(args, kwargs)`` that ``example_inputs`` (a tensor, a tuple of arguments or a dict) stands for.
+
+    Raises:
+        ConfigError: ``example_inputs`` is of another type.
+    """
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, tuple):
+        return example_inputs, {}
+    if isinstance(example_inputs, (torch.Tensor, list)):
+        return (example_inputs,), {}
+    raise ConfigError(
+        f"example_inputs of type {type(example_inputs).__name__} is not allowed: give a tensor, a tuple of "
+        "positional arguments or a dict of keyword arguments"
+    )
+
+
 def candidate_calls(model: nn.Module, example_inputs: Any) -> list[Call]:
     """The example calls to try, in order: the caller's, else ones built from the model's first layer."""
     if example_inputs is not None:
-        if isinstance(example_inputs, dict):
-            return [((), dict(example_inputs))]
-        if isinstance(example_inputs, tuple):
-            return [(example_inputs, {})]
-        if isinstance(example_inputs, (torch.Tensor, list)):
-            return [((example_inputs,), {})]
-        raise ConfigError(
-            f"example_inputs of type {type(example_inputs).__name__} is not allowed: give a tensor, a tuple of "
-            "positional arguments or a dict of keyword arguments"
-        )
+        return [example_call(example_inputs)]
     first = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))), None)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
