@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ._registry import ClassRegistry
+from .attention import attention_operators
 from .errors import ConfigError, UnsupportedModelError
 from .graph import analyse_trace
 from .layer_select import PREFIX, LayerSelect, LayerSelectList
@@ -254,6 +255,11 @@ def analyse_model(
     slices.update({path: (shift(o), shift(i)) for path, (o, i) in graph.slices.items()})
     norms = {path: shift(g) for path, g in graph.norms.items()}
     norms.update(rules.norms)
+    custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
+    for path, g in graph.heads.items():
+        factories, layers = attention_operators(model.get_submodule(path), path, shift(g))
+        custom.update(factories)
+        slices.update(layers)
     if not groups and not any(len(e.choices) > 1 for e in depth):
         why = "; ".join(graph.blocked[:3]) or "it has no conv/linear layer whose channels could shrink"
         raise UnsupportedModelError(
@@ -265,7 +271,7 @@ def analyse_model(
         dims["depth"] = depth
     if width:
         dims["width"] = width
-    return ConversionPlan(stages, dims, groups, slices, norms), call, reference
+    return ConversionPlan(stages, dims, groups, slices, norms, custom), call, reference
 
 
 def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]) -> ConversionPlan:

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from .attention import PackedSliceLinear
 from .errors import ConfigError
 from .subnet_norm import SubnetNorm
 from .supernet import state_of
@@ -58,6 +59,11 @@ def reorder_channels(model: nn.Module) -> list[torch.Tensor]:
             norms[m.group].append(m)
     perms = []
     for g, group in enumerate(state.groups):
+        if any(isinstance(m, PackedSliceLinear) for m in producers[g]):
+            # Attention heads: channels may only move in whole heads, consistently in q, k and v; not done, so the
+            # heads keep their order. (nn.MultiheadAttention's heads have no WeightSlice layers: identity below.)
+            perms.append(torch.arange(group.full))
+            continue
         unit = 1
         for m in producers[g]:
             if isinstance(m, WeightSliceConv2d) and m.groups > 1:

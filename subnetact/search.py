@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ._progress import Progress
+from .attention import PackedSliceLinear
 from .calibrate import calibrate
 from .config import SubnetConfig
 from .errors import ConfigError
@@ -127,6 +128,8 @@ class FlopsModel:
                     in_group = getattr(m, "in_group", None) if isinstance(m, WeightSlice) else None
             else:
                 area, out_full, in_full = pos, m.out_features, m.in_features
+                if isinstance(m, PackedSliceLinear):  # q, k and v: each of its parts runs the group's channels
+                    area, out_full = area * m.chunks, out_full // m.chunks
                 in_group = getattr(m, "in_group", None) if isinstance(m, WeightSlice) else None
             out_group = getattr(m, "out_group", None) if isinstance(m, WeightSlice) else None
             terms.append(_Term(area, out_group, out_full, in_group, in_full, tuple(stages)))

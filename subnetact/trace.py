@@ -29,6 +29,8 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .attention import is_attention
+
 # -- operation tables (by ``func.__name__``) -------------------------------------------------------------------------
 _UNARY = frozenset(
     """relu relu_ relu6 hardtanh hardtanh_ gelu gelu_ silu silu_ sigmoid sigmoid_ hardswish hardswish_ hardsigmoid
@@ -138,6 +140,7 @@ class ChannelTrace:
     call_counts: dict[str, int]
     producers: dict[int, tuple[str, tuple[int | None, ...]]]  # value id -> (op name, input value ids)
     output: Any
+    attentions: dict[str, int] = field(default_factory=dict)  # attention module path -> calls (heads sliceable)
 
 
 #: BatchNorm2d subclasses whose forward is BatchNorm2d's followed by their ``drop`` and ``act`` modules (by qualified
@@ -186,6 +189,7 @@ class _Recorder(TorchFunctionMode):
         self.calls: list[ModuleCall] = []
         self.call_counts: dict[str, int] = {}
         self.producers: dict[int, tuple[str, tuple[int | None, ...]]] = {}
+        self.attentions: dict[str, int] = {}
         self._key: dict[int, int] = {}  # id(tensor) -> latest value id (in-place ops rebind)
         self._dims: dict[int, tuple[int | None, ...]] = {}
         self._alive: list[torch.Tensor] = []  # keeps ids unique for the whole trace
@@ -224,7 +228,7 @@ class _Recorder(TorchFunctionMode):
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         path = self.paths.get(id(module), "?")
         self.call_counts[path] = self.call_counts.get(path, 0) + 1
-        if self._leaf_depth or isinstance(module, _OPAQUE_LEAVES):
+        if self._leaf_depth or isinstance(module, _OPAQUE_LEAVES) or is_attention(module):
             self._leaf_depth += 1
             self._stack.append((module, None))
             return
@@ -252,6 +256,13 @@ class _Recorder(TorchFunctionMode):
         kind = sliceable_kind(module)
         outs = list(_tensors(output))
         in_keys = tuple(self.key(t) for t in inputs)
+        if is_attention(module):
+            # Its heads are its own channel group (subnetact.attention); it reads and writes the stream whole.
+            self.attentions[path] = self.attentions.get(path, 0) + 1
+            self.freeze_all(inputs, f"{type(module).__name__} at {path!r} reads them whole (it slices its heads)")
+            for t in outs:
+                self.bind(t, (None,) * t.dim(), type(module).__name__, in_keys)
+            return
         if kind is None or len(inputs) != 1 or len(outs) != 1:
             reason = f"{type(module).__name__} at {path!r} is not a layer convert can slice"
             self.freeze_all(inputs, reason)
@@ -479,7 +490,13 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
             if g is not None:
                 recorder.groups.freeze(g, "they reach the model's output")
     return ChannelTrace(
-        recorder.groups, recorder.layers, recorder.calls, recorder.call_counts, recorder.producers, output
+        recorder.groups,
+        recorder.layers,
+        recorder.calls,
+        recorder.call_counts,
+        recorder.producers,
+        output,
+        recorder.attentions,
     )
 
 

@@ -49,7 +49,7 @@ def _vit() -> nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(
-        image_size=32, patch_size=8, num_layers=3, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
+        image_size=32, patch_size=8, num_layers=3, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10
     )
 
 
