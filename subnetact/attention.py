@@ -35,6 +35,7 @@ from .config import SubnetConfig
 from .errors import ConfigError
 from .head_count import head_count_copy
 from .operator import Operator
+from .slimmable_norm import SubnetLayerNorm, is_layer_norm
 from .weight_slice import WeightSlice
 
 
@@ -52,8 +53,9 @@ class PackedAttention:
         attn_dim_attr: the attribute holding ``heads * head_dim`` (None if the module has none).
         head_producers: further ``nn.Linear`` children producing one channel per attention-output channel (timm's
             ``gate``); sliced like q/k/v. A missing or None child is skipped.
-        identity: children that must be ``nn.Identity`` or None for the heads to be elastic (timm's ``norm``, a
-            LayerNorm over the attention output when ``scale_norm=True``).
+        head_norms: children normalising the attention output (timm's ``norm``, a LayerNorm when ``scale_norm=True``):
+            ``nn.Identity``, None, or a LayerNorm over its ``heads * head_dim`` channels, which becomes a
+            :class:`~subnetact.slimmable_norm.SubnetLayerNorm` normalising over the active heads' channels.
     """
 
     qkv: str = "qkv"
@@ -62,7 +64,7 @@ class PackedAttention:
     head_dim_attr: str = "head_dim"
     attn_dim_attr: str | None = "attn_dim"
     head_producers: tuple[str, ...] = ()
-    identity: tuple[str, ...] = ()
+    head_norms: tuple[str, ...] = ()
 
 
 #: class or ``"module.QualName"`` -> spec; exact classes only (a subclass may compute differently). Built-ins:
@@ -115,9 +117,12 @@ def head_layout(module: nn.Module) -> tuple[int, int] | str:
             return f"{name}.{spec.proj} is not an nn.Linear reading {width} channels"
         if spec.attn_dim_attr is not None and getattr(module, spec.attn_dim_attr, None) != width:
             return f"{name}.{spec.attn_dim_attr} is not {width}"
-        for child in spec.identity:
-            if not isinstance(getattr(module, child, None), (nn.Identity, type(None))):
-                return f"{name}.{child} ({type(getattr(module, child)).__name__}) reads the attention output whole"
+        for child in spec.head_norms:
+            norm = getattr(module, child, None)
+            if isinstance(norm, (nn.Identity, type(None))):
+                continue
+            if not is_layer_norm(norm) or norm.normalized_shape[0] != width:
+                return f"{name}.{child} ({type(norm).__name__}) reads the attention output whole"
     if heads < 2:
         return f"{name} has {heads} head"
     return heads, head_dim
@@ -142,6 +147,9 @@ def attention_operators(
     for child in spec.head_producers:
         if getattr(module, child, None) is not None:
             slices[prefix + child] = (group, None)
+    for child in spec.head_norms:
+        if is_layer_norm(getattr(module, child, None) or nn.Identity()):
+            custom[prefix + child] = lambda m: SubnetLayerNorm.from_module(m, group)
     return custom, slices
 
 

@@ -17,6 +17,7 @@ from .graph import analyse_trace
 from .layer_select import PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
+from .slimmable_norm import slimmable_norm
 from .space import Entry, Space
 from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
@@ -375,7 +376,11 @@ def _insert_operators(model: nn.Module, plan: ConversionPlan, replaced: list) ->
         cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
         _replace(model, path, cls.from_module(layer, out_group, in_group), replaced)
     for path, group in plan.norms.items():
-        _replace(model, path, SubnetNorm.from_module(model.get_submodule(path), group), replaced)
+        norm = model.get_submodule(path)
+        if isinstance(norm, (nn.LayerNorm, nn.GroupNorm)):
+            _replace(model, path, slimmable_norm(norm, group), replaced)
+        else:
+            _replace(model, path, SubnetNorm.from_module(norm, group), replaced)
     for path, module in list(model.named_modules()):
         if sliceable_kind(module) == "norm" and not isinstance(module, Operator):
             _replace(model, path, SubnetNorm.from_module(module, None), replaced)

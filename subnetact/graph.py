@@ -72,7 +72,7 @@ def analyse_trace(
     for path, use in trace.layers.items():
         for g in {uf.find(g) for g in use.outs + use.ins}:
             members.setdefault(g, []).append(path)
-        if use.kind != "norm":
+        if use.kind in ("conv", "linear"):
             has_producer.update(uf.find(g) for g in use.outs)
     modules = dict(model.named_modules())
 
@@ -112,6 +112,9 @@ def analyse_trace(
         inp = index.get(uf.find(use.ins[0])) if use.ins else None
         if use.kind == "norm":
             norms[path] = inp
+        elif use.kind in ("layernorm", "groupnorm"):
+            if inp is not None:  # a LayerNorm / GroupNorm of a full-width dimension stays a plain module
+                norms[path] = inp
         elif out is not None or inp is not None:
             slices[path] = (out, inp)
 

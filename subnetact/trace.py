@@ -30,6 +30,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from .attention import is_attention
+from .slimmable_norm import is_group_norm, is_layer_norm
 
 # -- operation tables (by ``func.__name__``) -------------------------------------------------------------------------
 _UNARY = frozenset(
@@ -158,13 +159,18 @@ def _is_norm_act(module: nn.Module) -> bool:
 
 
 def sliceable_kind(module: nn.Module) -> str | None:
-    """ "conv" / "linear" / "norm" for the layers convert turns into operators, else None."""
+    """ "conv" / "linear" / "norm" (BatchNorm) / "layernorm" / "groupnorm" for the layers convert can turn into
+    operators, else None."""
     if type(module) is nn.Conv2d:
         return "conv"
     if type(module) is nn.Linear:
         return "linear"
     if type(module) is nn.BatchNorm2d or _is_norm_act(module):
         return "norm"
+    if is_layer_norm(module):
+        return "layernorm"
+    if is_group_norm(module):
+        return "groupnorm"
     return None
 
 
@@ -273,6 +279,18 @@ class _Recorder(TorchFunctionMode):
         use = self.layers.setdefault(path, LayerUse(kind))
         use.calls += 1
         dims = list(self.dims(x))
+        if kind in ("layernorm", "groupnorm"):
+            # Slimmable semantics (subnetact.slimmable_norm): normalises over the active channels of its group;
+            # GroupNorm keeps whole groups of C / G channels.
+            channel = -1 if kind == "layernorm" else 1
+            g = dims[channel] if x.dim() >= 2 else None
+            if g is not None:
+                if kind == "groupnorm":
+                    unit = self.groups.new(x.shape[1], unit=module.num_channels // module.num_groups)
+                    g = dims[channel] = self.groups.union(g, unit, f"GroupNorm {path!r}")
+                use.ins.append(g)
+            self.bind(y, dims, kind, in_keys)
+            return
         if kind == "norm":
             if x.dim() != 4:
                 self.freeze_all([x], f"{type(module).__name__} at {path!r} got a {x.dim()}-D input")

@@ -8,6 +8,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from test_convert import _assert_unchanged, _snapshot
 from torch import nn
 from zoo_models import HAS_TIMM, build, inputs
@@ -228,15 +229,30 @@ def test_timm_vit_fused_qkv_slices_whole_heads_and_exports_timm_attention():
 
 
 @pytest.mark.skipif(not HAS_TIMM, reason="timm not installed")
-def test_timm_attention_with_a_norm_over_its_output_keeps_its_heads_whole():
+def test_timm_attention_with_a_norm_over_its_output_normalises_over_the_kept_heads():
     from timm.layers.attention import Attention
+
+    from subnetact.slimmable_norm import SubnetLayerNorm
 
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(8, 32), Attention(32, num_heads=4, scale_norm=True, norm_layer=nn.LayerNorm)).eval()
-    snap = _snapshot(net)
-    with pytest.raises(subnetact.UnsupportedModelError, match=r"heads of '1': Attention.norm \(LayerNorm\)"):
-        subnetact.convert(net, example_inputs=torch.randn(1, 5, 8))
-    _assert_unchanged(net, snap)
+    x = torch.randn(2, 5, 8)
+    subnetact.convert(net, example_inputs=x)
+    attn = net[1]
+    assert isinstance(attn.norm, SubnetLayerNorm)
+    cfg = net.space.make(width=0.5)  # 2 of 4 heads of 8 channels
+    k = 16
+    with torch.no_grad():  # by hand: q, k, v of the kept heads, attention, LayerNorm over their 16 channels
+        h = F.linear(x, net[0].weight, net[0].bias)
+        w = attn.qkv.weight.view(3, 32, 32)[:, :k]
+        q, kk, v = (F.linear(h, w[i]).view(2, 5, 2, 8).transpose(1, 2) for i in range(3))
+        o = F.scaled_dot_product_attention(q, kk, v).transpose(1, 2).reshape(2, 5, k)
+        o = F.layer_norm(o, (k,), attn.norm.weight[:k], attn.norm.bias[:k], attn.norm.eps)
+        expected = F.linear(o, attn.proj.weight[:, :k], attn.proj.bias)
+        torch.testing.assert_close(net(x, subnet=cfg), expected, rtol=1e-5, atol=1e-5)
+        dense = subnetact.export(net, cfg).eval()
+        assert type(dense[1].norm) is nn.LayerNorm and dense[1].norm.normalized_shape == (k,)
+        torch.testing.assert_close(dense(x), net(x, subnet=cfg), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

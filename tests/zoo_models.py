@@ -96,6 +96,21 @@ ZOO: dict[str, ZooModel] = {
     "timm_vit": ZooModel(
         partial(_timm, "vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3), IMAGE, depth=True, needs_timm=True
     ),
+    # LayerNorms over the attention output and the MLP hidden units: sliced with the heads / hidden units
+    "timm_vit_scale_norm": ZooModel(
+        partial(
+            _timm,
+            "vit_tiny_patch16_224",
+            img_size=32,
+            patch_size=8,
+            depth=2,
+            scale_attn_norm=True,
+            scale_mlp_norm=True,
+        ),
+        IMAGE,
+        depth=True,
+        needs_timm=True,
+    ),
 }
 
 
