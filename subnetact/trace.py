@@ -185,6 +185,11 @@ _OPAQUE_LEAVES = (
     nn.RNNBase,
 )
 
+#: Modules whose inference forward can run one fused kernel on their children's full Parameters instead of calling
+#: the children (``nn.TransformerEncoderLayer``'s fast path, taken in eval under no_grad but never inside the trace):
+#: slicing anything inside them would be silently ignored, so the trace treats them as one layer it cannot slice.
+_FUSED_FAST_PATH = (nn.TransformerEncoderLayer,)
+
 
 class _Recorder(TorchFunctionMode):
     def __init__(self, model: nn.Module) -> None:
@@ -234,7 +239,7 @@ class _Recorder(TorchFunctionMode):
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         path = self.paths.get(id(module), "?")
         self.call_counts[path] = self.call_counts.get(path, 0) + 1
-        if self._leaf_depth or isinstance(module, _OPAQUE_LEAVES) or is_attention(module):
+        if self._leaf_depth or isinstance(module, (*_OPAQUE_LEAVES, *_FUSED_FAST_PATH)) or is_attention(module):
             self._leaf_depth += 1
             self._stack.append((module, None))
             return
@@ -271,6 +276,8 @@ class _Recorder(TorchFunctionMode):
             return
         if kind is None or len(inputs) != 1 or len(outs) != 1:
             reason = f"{type(module).__name__} at {path!r} is not a layer convert can slice"
+            if isinstance(module, _FUSED_FAST_PATH):
+                reason += " (in inference its fast path runs one fused kernel on its layers' full weights)"
             self.freeze_all(inputs, reason)
             for t in outs:
                 self.bind(t, (None,) * t.dim(), type(module).__name__, in_keys)

@@ -285,3 +285,28 @@ def test_flops_count_the_three_parts_of_a_fused_qkv():
     assert (
         flops(model.space.max()) - flops(subnetact.SubnetConfig.from_dict(_heads_only(model, lambda n: 0.25))) == saved
     )
+
+
+def test_transformer_encoder_layers_fused_fast_path_is_refused_not_sliced_silently():
+    """In eval under no_grad nn.TransformerEncoderLayer runs one fused kernel on its layers' full weights (never
+    inside the trace), so slicing its heads or MLP would be ignored at serving time."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Linear(8, 32)
+            layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+            self.enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.head = nn.Linear(32, 3)
+
+        def forward(self, x):
+            return self.head(self.enc(self.embed(x)).mean(1))
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    snap = _snapshot(model)
+    with pytest.raises(
+        subnetact.UnsupportedModelError, match=r"TransformerEncoderLayer at 'enc.layers.0' .*fast path"
+    ):
+        subnetact.convert(model, example_inputs=torch.randn(2, 5, 8))
+    _assert_unchanged(model, snap)
