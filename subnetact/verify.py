@@ -152,9 +152,10 @@ def trace_model(model: nn.Module, example_inputs: Any, *, required: bool) -> tup
     ) from error
 
 
-#: Modules whose forward picks a fast path by whether a ``TorchFunctionMode`` is active, outside the trace's leaves
-#: (the trace runs leaves such as ``nn.MultiheadAttention`` outside its mode): for models holding one, the trace's
-#: output may differ from a plain forward in the last bits, so convert takes its reference from a plain forward.
+#: Modules whose forward picks a fast path by whether a ``TorchFunctionMode`` is active (``nn.TransformerEncoder``'s
+#: nested-tensor path): the trace runs leaves outside its mode (``nn.MultiheadAttention``,
+#: ``nn.TransformerEncoderLayer``), but not these containers, so for models holding one the trace's output may differ
+#: from a plain forward in the last bits, and convert takes its reference from a plain forward.
 MODE_SENSITIVE = (nn.TransformerEncoder, nn.TransformerEncoderLayer)
 
 
