@@ -53,23 +53,6 @@ def split(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {"train": (x_train, y_train), "val": (x_val, y_val), "test": (x_test, y_test)}
 
 
-def with_shifts(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The images and their four one-pixel shifts (up, down, left, right; zero fill): (5N, 1, 8, 8), (5N,).
-
-    The search ranks subnets on this set rather than on the 359 validation images alone: accuracy there moves in
-    steps of 0.28 %, too coarse to order subnets that differ by a few images."""
-    padded = F.pad(x, (1, 1, 1, 1))  # (N, 1, 10, 10)
-    views = [x] + [padded[:, :, dy : dy + 8, dx : dx + 8] for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2))]
-    return torch.cat(views), y.repeat(len(views))
-
-
-def shifted(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """Each image moved by -1, 0 or +1 pixel along each axis (zero fill). x: (N, 1, 8, 8)."""
-    padded = F.pad(x, (1, 1, 1, 1))  # (N, 1, 10, 10)
-    offsets = torch.randint(0, 3, (x.shape[0], 2), generator=gen)
-    return torch.stack([padded[i, :, dy : dy + 8, dx : dx + 8] for i, (dy, dx) in enumerate(offsets.tolist())])
-
-
 @torch.no_grad()
 def accuracy(model: torch.nn.Module, cfg: subnetact.SubnetConfig, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
@@ -108,7 +91,7 @@ def thin(front: list, k: int) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--epochs", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
@@ -122,6 +105,12 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs=3, default=[4, 8, 16], help="residual-stream channels per stage")
     parser.add_argument("--blocks", type=int, nargs=3, default=[4, 4, 4], help="blocks per stage")
     parser.add_argument("--expansion", type=int, default=8, help="a block's middle channels / its stage's width")
+    parser.add_argument("--rotation", type=float, default=20.0, help="augmentation: rotation up to +- degrees")
+    parser.add_argument("--scale", type=float, nargs=2, default=[0.85, 1.15], help="augmentation: zoom range")
+    parser.add_argument("--shift", type=float, default=1.0, help="augmentation: shift up to +- pixels per axis")
+    parser.add_argument("--noise", type=float, default=0.15, help="augmentation: noise std / full scale")
+    parser.add_argument("--val-views", type=int, default=5, help="augmented views per validation image (search)")
+    parser.add_argument("--test-views", type=int, default=10, help="augmented views per test image (reported)")
     parser.add_argument("--out", type=Path, default=DATA_DIR)
     parser.add_argument(
         "--trained", type=Path, default=None, help="save the trained supernet here, or load it if it exists"
@@ -133,19 +122,33 @@ def main() -> None:
 
     # -- data -------------------------------------------------------------------------------------------------------
     parts = split(args.seed)
-    x = {k: digits.to_input(v[0]) for k, v in parts.items()}
-    y = {k: torch.as_tensor(v[1]) for k, v in parts.items()}
-    n_train = len(y["train"])
-    print(f"train {n_train}, val {len(y['val'])}, test {len(y['test'])} images", flush=True)
+    aug = {"rotation_deg": args.rotation, "scale": list(args.scale), "shift_px": args.shift, "noise": args.noise}
+    # Seeds of the fixed augmented sets; the training stream draws fresh views per (epoch, batch).
+    evaluation = {"augmentation": aug, "val_seed": [args.seed, 2], "val_views": args.val_views}
+    evaluation |= {"test_seed": [args.seed, 3], "test_views": args.test_views}
+    train_images, y_train = parts["train"]
+    n_train = len(y_train)
+    x_val = digits.to_input(digits.augment(parts["val"][0], evaluation["val_seed"], views=args.val_views, **aug))
+    y_val = torch.as_tensor(np.repeat(parts["val"][1], args.val_views))
+    # The same views digits.test_set() generates from the shipped test split and the record's "evaluation".
+    x_test = digits.to_input(digits.augment(parts["test"][0], evaluation["test_seed"], views=args.test_views, **aug))
+    y_test = torch.as_tensor(np.repeat(parts["test"][1], args.test_views))
+    x_calib = digits.to_input(digits.augment(train_images, [args.seed, 4], **aug))
+    print(
+        f"train {n_train} images (fresh views every epoch), val {len(y_val)} views of {len(parts['val'][1])}, "
+        f"test {len(y_test)} views of {len(parts['test'][1])}",
+        flush=True,
+    )
 
     def epoch_batches(epoch: int):
         gen = torch.Generator().manual_seed(args.seed * 1000 + epoch)
         order = torch.randperm(n_train, generator=gen)
         for i in range(0, n_train, args.batch_size):
-            idx = order[i : i + args.batch_size]
-            yield shifted(x["train"][idx], gen), y["train"][idx]
+            idx = order[i : i + args.batch_size].numpy()
+            views = digits.augment(train_images[idx], [args.seed, 1, epoch, i], **aug)
+            yield digits.to_input(views), torch.as_tensor(y_train[idx])
 
-    calibration = [x["train"][i : i + 256] for i in range(0, n_train, 256)]
+    calibration = [x_calib[i : i + 256] for i in range(0, n_train, 256)]
 
     # -- model and training -------------------------------------------------------------------------------------------
     # A narrow residual stream (4/8/16 channels) and wide elastic middles (32/64/128, widths down to 1/32): the
@@ -163,9 +166,10 @@ def main() -> None:
 
     def log(epoch: int, loss: float) -> None:
         if epoch % 5 == 4 or epoch == args.epochs - 1:
-            big = accuracy(model, model.space.max(), x["val"], y["val"])
+            big = accuracy(model, model.space.max(), x_val, y_val)
+            small = accuracy(model, model.space.min(), x_val, y_val)
             print(
-                f"epoch {epoch + 1:3d}  loss {loss:.4f}  val acc (largest, shared stats) {big:.2f}%  "
+                f"epoch {epoch + 1:3d}  loss {loss:.4f}  val acc (shared stats) largest {big:.2f}%, smallest {small:.2f}%  "
                 f"{time.perf_counter() - started:.0f}s",
                 flush=True,
             )
@@ -193,14 +197,14 @@ def main() -> None:
             args.trained.with_suffix(".json").write_text(json.dumps({"loss_per_epoch": history, "seconds": train_s}))
 
     # -- Pareto search ------------------------------------------------------------------------------------------------
-    x_rank, y_rank = with_shifts(x["val"], y["val"])
+    x_rank, y_rank = x_val, y_val
     evaluate = calibrated_evaluator(model, calibration, lambda m, cfg: accuracy(m, cfg, x_rank, y_rank))
     result = search(
         model,
         evaluate=evaluate,
         num_samples=args.search_samples,
         cost="flops",
-        example_input=x["val"][:1],
+        example_input=x_val[:1],
         generations=args.generations,
         seed=args.seed,
         progress=False,
@@ -215,12 +219,13 @@ def main() -> None:
     # -- served set: calibrate, measure, save ------------------------------------------------------------------------
     with warnings.catch_warnings():  # no subnet is registered yet: this is the shared-statistics baseline
         warnings.simplefilter("ignore", subnetact.UncalibratedSubnetWarning)
-        shared = {c.config: accuracy(model, c.config, x["test"], y["test"]) for c in served}
-        shared_val = {c.config: accuracy(model, c.config, x["val"], y["val"]) for c in served}
+        shared = {c.config: accuracy(model, c.config, x_test, y_test) for c in served}
+        shared_val = {c.config: accuracy(model, c.config, x_val, y_val) for c in served}
     subnetact.calibrate(model, calibration, subnets=[c.config for c in served])
+    plain_test = digits.to_input(parts["test"][0]), torch.as_tensor(parts["test"][1])  # the un-augmented 360
     model.actuate(model.space.max())
     prof = subnetact.profile(
-        model, [c.config for c in served], [16], example_input=x["test"][:16], warmup=5, repeats=30, progress=False
+        model, [c.config for c in served], [16], example_input=x_test[:16], warmup=5, repeats=30, progress=False
     )
     rows = []
     for i, c in enumerate(served):
@@ -229,10 +234,11 @@ def main() -> None:
                 "id": i,
                 "config": c.config.to_dict(),
                 "flops": c.cost,
-                "accuracy": c.accuracy,  # the search's metric: validation images and their one-pixel shifts
+                "accuracy": c.accuracy,  # the search's metric: the augmented validation views
                 "accuracy_now": accuracy(model, c.config, x_rank, y_rank),  # recomputed after the final calibration
-                "val_accuracy": accuracy(model, c.config, x["val"], y["val"]),
-                "test_accuracy": accuracy(model, c.config, x["test"], y["test"]),
+                "val_accuracy": accuracy(model, c.config, x_val, y_val),
+                "test_accuracy": accuracy(model, c.config, x_test, y_test),
+                "test_accuracy_plain": accuracy(model, c.config, plain_test[0], plain_test[1]),
                 "val_accuracy_shared_stats": shared_val[c.config],
                 "test_accuracy_shared_stats": shared[c.config],
                 "latency_b16_ms": 1e3 * prof.latency(i, 16),
@@ -241,7 +247,7 @@ def main() -> None:
         r = rows[-1]
         print(
             f"subnet {i}: {c.cost / 1e6:6.2f} MFLOPs  rank {r['accuracy']:.2f}% ({r['accuracy_now']:.2f}%)  "
-            f"val {r['val_accuracy']:.2f}%  test {r['test_accuracy']:.2f}% "
+            f"val {r['val_accuracy']:.2f}%  test {r['test_accuracy']:.2f}% (plain {r['test_accuracy_plain']:.2f}%) "
             f"(shared stats {r['test_accuracy_shared_stats']:.2f}%)  b16 {r['latency_b16_ms']:.2f} ms",
             flush=True,
         )
@@ -257,11 +263,13 @@ def main() -> None:
             "source": "sklearn.datasets.load_digits",
             "split": "stratified 60/20/20, random_state=seed",
             "train": n_train,
-            "val": len(y["val"]),
-            "test": len(y["test"]),
-            "accuracy": "the search's metric and the profile's: % correct on the validation images and their four "
-            "one-pixel shifts (5 x val images)",
+            "val": len(parts["val"][1]),
+            "test": len(parts["test"][1]),
+            "accuracy": "the search's metric and the profile's: % correct on val_views augmented views of each "
+            "validation image; test_accuracy: on test_views views of each test image (digits.test_set); "
+            "test_accuracy_plain: on the 360 test images as they are",
         },
+        "evaluation": evaluation,
         "training": {
             "epochs": args.epochs,
             "batch_size": args.batch_size,
@@ -270,7 +278,7 @@ def main() -> None:
             "schedule": "OneCycle",
             "sandwich": "largest + smallest + 2 random",
             "distillation": "in-place from the largest subnet",
-            "augmentation": "random +-1 pixel shifts",
+            "augmentation": "fresh digits.augment views of the training images every epoch (see evaluation)",
             "seed": args.seed,
             "threads": args.threads,
             "loss_per_epoch": history,

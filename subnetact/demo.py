@@ -2,10 +2,11 @@
 
 1. Load the embedded digits supernet (:mod:`subnetact.digits`) with its calibrated Pareto set.
 2. Profile the Pareto set on this CPU (:func:`subnetact.profile`); each subnet's accuracy in the profile is the one
-   the Pareto search ranked it by (validation images and their one-pixel shifts; see :func:`subnetact.digits.info`).
+   the Pareto search ranked it by (augmented views of the validation images; see :func:`subnetact.digits.info`).
 3. For each policy (SlackFit, MinCost, and Fixed on every subnet), start the live :class:`scheduling.Scheduler` with
    real inference workers (threads calling ``model(x, subnet=cfg)`` on one shared model) and replay the same bursty
-   trace of test-set digits, each request with the same SLO.
+   trace of held-out digits (:func:`subnetact.digits.test_set`: rotated, scaled, shifted and noisy views of the test
+   split, disjoint from the training and validation images), each request with the same SLO.
 4. Print, per policy: SLO attainment, accuracy against the true labels of the requests answered within their SLO,
    p50/p99 latency of the answered requests and throughput, with a mark on the policies on the attainment/accuracy
    frontier (no other policy has better attainment at no lower accuracy, or better accuracy at no lower
@@ -119,7 +120,7 @@ def run_demo(
         repeats: timed forwards per (subnet, batch size) when profiling.
         background_load: busy-looping processes to run during the policy runs (started after profiling, stopped at
             the end, even on error); 0 (default) runs on the machine as it is.
-        seed: seeds the trace and which test images are requested.
+        seed: seeds the trace and which held-out images are requested.
         out_dir: where ``profile.json``, ``results.json`` and ``dynamics.png`` go (created).
         plot: write the PNG (needs matplotlib; skipped with a note if it is not installed).
         stream: where the table and progress go (default stdout).
@@ -148,7 +149,7 @@ def run_demo(
 
     # -- model, data, profile -------------------------------------------------------------------------------------
     model, record = digits.load_supernet()
-    images, labels = digits.test_split()
+    images, labels = digits.test_set(record)  # augmented views of the test split, and their true labels
     x_test = digits.to_input(images)  # (N, 1, 8, 8)
     served = [SubnetConfig.from_dict(r["config"]) for r in record["pareto"]]
     accuracies = [float(r["accuracy"]) for r in record["pareto"]]
@@ -158,7 +159,7 @@ def run_demo(
         {"slackfit", "slackfit-adaptive", "mincost", "maxacc", *(f"fixed:{i}" for i in range(len(served)))},
     )
     print(
-        f"digits supernet: {len(served)} Pareto subnets, {len(labels)} test images; profiling on this CPU ...",
+        f"digits supernet: {len(served)} Pareto subnets, {len(labels)} held-out images; profiling on this CPU ...",
         file=out,
     )
     prof = profile(

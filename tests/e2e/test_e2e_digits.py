@@ -1,4 +1,4 @@
-"""The shipped digits supernet: it loads, its record is true, and it meets issue 6's targets on the test split."""
+"""The shipped digits supernet: it loads, its record is true, and it meets issues 6 and 12's targets on held-out data."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from subnetact import digits
 @pytest.fixture(scope="module")
 def shipped():
     model, record = digits.load_supernet()
-    images, labels = digits.test_split()
+    images, labels = digits.test_set(record)
     return model, record, digits.to_input(images), torch.as_tensor(labels)
 
 
@@ -31,10 +31,12 @@ def test_files_are_small_and_the_pareto_set_is_registered(shipped):
     assert size < 2.5e6
     served = [subnetact.SubnetConfig.from_dict(r["config"]) for r in record["pareto"]]
     assert list(model.registered_subnets) == served and not model.training
-    assert len(x) == len(y) == record["data"]["test"] == 360
+    assert record["data"]["test"] == 360 and len(x) == len(y) == 360 * record["evaluation"]["test_views"]
 
 
-def test_targets_largest_97_smallest_90_at_least_6_pareto_subnets(shipped):
+def test_targets_accuracy_grows_with_cost_on_held_out_views(shipped):
+    # Issue 12: the served set's accuracy on the held-out views rises with cost, by steps far above the resolution of
+    # the held-out set (one image = 100 / len(y) points), and spans >= 4 points; issue 6: >= 6 Pareto subnets.
     model, record, x, y = shipped
     rows = record["pareto"]
     assert len(rows) >= 6
@@ -42,8 +44,19 @@ def test_targets_largest_97_smallest_90_at_least_6_pareto_subnets(shipped):
     val = [r["accuracy"] for r in rows]
     assert flops == sorted(flops) and val == sorted(val) and len(set(val)) == len(val)  # a Pareto front
     accs = [_accuracy(model, subnetact.SubnetConfig.from_dict(r["config"]), x, y) for r in rows]
-    assert accs == pytest.approx([r["test_accuracy"] for r in rows])  # the record tells the truth
-    assert accs[-1] >= 97.0 and accs[0] >= 90.0, accs
+    assert accs == pytest.approx([r["test_accuracy"] for r in rows], abs=1e-3)  # the record tells the truth
+    steps = [b - a for a, b in zip(accs, accs[1:])]
+    assert min(steps) >= 5 * 100.0 / len(y), accs
+    assert accs[-1] - accs[0] >= 4.0, accs
+    plain_x, plain_y = digits.test_split()
+    plain = [
+        _accuracy(
+            model, subnetact.SubnetConfig.from_dict(r["config"]), digits.to_input(plain_x), torch.as_tensor(plain_y)
+        )
+        for r in rows
+    ]
+    assert plain == pytest.approx([r["test_accuracy_plain"] for r in rows], abs=1e-3)
+    assert plain[-1] >= 97.0, plain  # the un-augmented digits stay easy for the largest subnet
 
 
 def test_flops_in_the_record_match_the_flops_model(shipped):
@@ -94,3 +107,40 @@ def test_to_input_validates_shape():
     assert digits.to_input(np.zeros((3, 64))).shape == (3, 1, 8, 8)
     with pytest.raises(ValueError, match=r"images must have shape \(N, 8, 8\) or \(N, 64\), got \(3, 7\)"):
         digits.to_input(np.zeros((3, 7)))
+
+
+def test_augment_is_deterministic_and_the_identity_without_augmentation():
+    images, labels = digits.test_split()
+    a = digits.augment(images[:50], [0, 3], views=4)
+    assert a.shape == (200, 8, 8) and a.dtype == np.float32 and a.min() >= 0.0 and a.max() <= 16.0
+    assert np.array_equal(a, digits.augment(images[:50], [0, 3], views=4))  # the same seed, the same views
+    assert not np.array_equal(a, digits.augment(images[:50], [0, 4], views=4))
+    same = digits.augment(images, 0, rotation_deg=0.0, scale=(1.0, 1.0), shift_px=0.0, noise=0.0)
+    assert np.array_equal(same, images.astype(np.float32))
+    # Zoom 0.5 about the centre (3.5, 3.5), by hand: output pixel (r, c) samples the source at
+    # (3.5 + 2 (r - 3.5), 3.5 + 2 (c - 3.5)), i.e. source (2r - 3.5, 2c - 3.5): bilinear, half-way between pixels.
+    zoomed = digits.augment(images[:1], 0, rotation_deg=0.0, scale=(0.5, 0.5), shift_px=0.0, noise=0.0)[0]
+    src = np.pad(images[0].astype(np.float64), 1)  # zero fill outside
+    for r, c in ((3, 3), (4, 2), (1, 5), (0, 0)):
+        y, x = 2 * r - 3.5 + 1, 2 * c - 3.5 + 1  # in the padded image
+        y0, x0 = int(np.floor(max(y, 0))), int(np.floor(max(x, 0)))
+        if y < 0 or x < 0:  # beyond the padding: zero
+            assert zoomed[r, c] == 0.0
+            continue
+        expected = src[y0 : y0 + 2, x0 : x0 + 2].mean()
+        assert zoomed[r, c] == pytest.approx(expected, abs=1e-5)
+    with pytest.raises(ValueError, match=r"views=0 must be an int >= 1"):
+        digits.augment(images, 0, views=0)
+
+
+def test_test_set_is_views_of_the_test_split():
+    record = digits.info()
+    images, labels = digits.test_set(record)
+    base_x, base_y = digits.test_split()
+    views = record["evaluation"]["test_views"]
+    assert np.array_equal(labels, np.repeat(base_y, views))
+    expected = digits.augment(
+        base_x, record["evaluation"]["test_seed"], views=views, **record["evaluation"]["augmentation"]
+    )
+    assert np.array_equal(images, expected)
+    assert record["evaluation"]["val_seed"] != record["evaluation"]["test_seed"]
