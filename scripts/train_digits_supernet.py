@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -169,7 +168,8 @@ def main() -> None:
             big = accuracy(model, model.space.max(), x_val, y_val)
             small = accuracy(model, model.space.min(), x_val, y_val)
             print(
-                f"epoch {epoch + 1:3d}  loss {loss:.4f}  val acc (shared stats) largest {big:.2f}%, smallest {small:.2f}%  "
+                f"epoch {epoch + 1:3d}  loss {loss:.4f}  val acc (shared stats) largest {big:.2f}%, "
+                f"smallest {small:.2f}%  "
                 f"{time.perf_counter() - started:.0f}s",
                 flush=True,
             )

@@ -4,30 +4,33 @@
 :class:`DigitsBlock` is a plain residual block registered with :func:`subnetact.register_block_rule`, and
 :class:`DigitsResNet` is converted by the generic pass.
 
-The shipped files (``subnetact/data/``) are produced by ``benchmarks/train_digits_supernet.py`` (command line and
-results in ``docs/benchmarks.md``):
+The shipped files (``subnetact/data/``) are produced by ``scripts/train_digits_supernet.py`` (command line and
+results in ``docs/benchmarks.md``). Plain 8x8 digits are too easy to tell subnets apart (any subnet with a few
+channels scores ~97 %), so the supernet is trained on an endless stream of rotated, scaled, shifted and noisy views
+of the training images (:func:`augment`) and evaluated on fixed views of held-out images, generated from a seed:
 
 - ``digits_supernet.safetensors``: the converted, trained model with the calibrated statistics of its Pareto set
   (written by :func:`subnetact.save`);
-- ``digits_supernet.json``: how it was trained, and per Pareto subnet its config, FLOPs, ``accuracy`` (the search's
-  and the profile's metric: validation images and their one-pixel shifts) and accuracy on the validation and test
-  splits, with and without per-subnet statistics;
+- ``digits_supernet.json``: how it was trained; ``evaluation``: the augmentation and the seeds and view counts of
+  the validation views (which the Pareto search ranked on) and of the test views (:func:`test_set`); per Pareto
+  subnet its config, FLOPs, ``accuracy`` (the search's and the profile's metric: the validation views) and accuracy
+  on the validation views, the test views and the plain test images, with and without per-subnet statistics;
 - ``digits_test.npz``: the test split (360 images of 8x8 pixels with values 0..16, and their labels), so the demo
-  needs neither scikit-learn nor a download.
+  needs neither scikit-learn nor a download. :func:`test_set` generates its views.
 
 Example::
 
     >>> from subnetact import digits
     >>> model, info = digits.load_supernet()
-    >>> images, labels = digits.test_split()
+    >>> images, labels = digits.test_set()  # 3600 views of the 360 test images
     >>> logits = model(digits.to_input(images[:16]), subnet=model.registered_subnets[0])
 """
 
 from __future__ import annotations
 
 import json
-from importlib import resources
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -222,9 +225,9 @@ def test_set(record: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarr
     test split, generated from the seed, views and parameters in ``info()["evaluation"]``.
 
     Returns:
-        ``(images, labels)``: float32 (360 * views, 8, 8) on the 0..16 scale and int64 (360 * views,), each test image's
-        views in a row. The test split is disjoint from the training images and from the validation images the Pareto
-        search ranked the subnets on.
+        ``(images, labels)``: float32 (360 * views, 8, 8) on the 0..16 scale and int64 (360 * views,), each test
+        image's views in a row. The test split is disjoint from the training images and from the validation images
+        the Pareto search ranked the subnets on.
     """
     spec = (record or info())["evaluation"]
     images, labels = test_split()

@@ -1,4 +1,5 @@
-"""The shipped digits supernet: it loads, its record is true, and it meets issues 6 and 12's targets on held-out data."""
+"""The shipped digits supernet: it loads, its record is true, and it meets issues 6 and 12's targets on held-out
+data."""
 
 from __future__ import annotations
 
