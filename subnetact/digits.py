@@ -214,7 +214,9 @@ def info() -> dict[str, Any]:
 
 
 def test_split() -> tuple[np.ndarray, np.ndarray]:
-    """The test split the shipped supernet was evaluated on: images (360, 8, 8) uint8 in 0..16, labels (360,)."""
+    """The plain test split (held out from training and search): images (360, 8, 8) uint8 in 0..16, labels (360,).
+
+    :func:`test_set` generates the augmented views the shipped supernet is evaluated on from these images."""
     with _data_path(TEST_FILE).open("rb") as f:
         data = np.load(f)
         return data["images"], data["labels"]
