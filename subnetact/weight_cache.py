@@ -38,6 +38,22 @@ from .config import SubnetConfig
 #: than the six extracted subnets); see the budget -> forward-time curve there.
 DEFAULT_BUDGET_FRACTION = 0.08
 
+#: A subnet that needs room evicts others only if it ran at least this many times as often as each of them
+#: (recently; see :data:`AGE_EVERY`). Without this frequency guard, a budget smaller than the served set's copies
+#: thrashes under a server's round-robin of subnets: every switch evicts the least recently run subnet and copies the
+#: next one again (issue 16). With it, subnets run about equally often keep whatever was copied first, and a subnet
+#: that becomes hot still takes over the room of those that cooled down.
+ADMIT_FREQUENCY_RATIO = 2
+
+#: Run counts are halved every ``AGE_EVERY`` forwards per registered subnet seen, so the guard follows a changing mix.
+AGE_EVERY = 16
+
+
+def check_budget_mb(mb: object, where: str) -> None:
+    """Raise ``ValueError`` naming ``where`` unless ``mb`` is a finite number >= 0 or None (the default budget)."""
+    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf")):
+        raise ValueError(f"{where}={mb!r} must be a finite number >= 0 (MB), or None for the default")
+
 
 @dataclass(frozen=True)
 class WeightCacheInfo:
@@ -48,12 +64,15 @@ class WeightCacheInfo:
         used_bytes: bytes the copies take now.
         subnets: the registered subnets with copies, least recently run first.
         copies: number of stored copies (a copy shared by several subnets counts once).
+        copied_bytes: bytes copied since the cache was created, last emptied or given a budget (a budget that keeps
+            evicting and re-copying shows here as a number growing with every switch).
     """
 
     budget_bytes: int
     used_bytes: int
     subnets: tuple[SubnetConfig, ...]
     copies: int
+    copied_bytes: int = 0
 
 
 class WeightCache:
@@ -61,64 +80,134 @@ class WeightCache:
 
     The copies live on the operators (``op._weight_copies``: ``(k_out, k_in) -> (tensor, version, data_ptr)``) so a
     forward finds its copy with one dict lookup; this object keeps the budget, the recency order of admitted
-    subnets and which subnets use which copy.
+    subnets, their recent run counts and which subnets use which copy.
     """
 
-    def __init__(self, ops: list, budget_bytes: int) -> None:
+    def __init__(self, ops: list, budget_bytes: int, default_budget: bool = False) -> None:
         self.ops = ops
         self.budget_bytes = budget_bytes
+        #: whether the budget is the default one (``save`` stores None then, so ``load`` applies its own default)
+        self.default_budget = default_budget
+        #: whether 1x1 slices are copied (then run as oneDNN convolutions on the copy instead of a GEMM on the view)
+        self.pointwise = True
         self.used_bytes = 0
+        self.copied_bytes = 0
         self._admitted: OrderedDict[SubnetConfig, tuple[tuple[int, int, int], ...]] = OrderedDict()
         self._users: dict[tuple[int, int, int], set[SubnetConfig]] = {}
+        # Recent run counts of registered subnets (halved every AGE_EVERY * len(_runs) forwards), and for a subnet
+        # refused room, the count at which to ask again.
+        self._runs: dict[SubnetConfig, int] = {}
+        self._retry_at: dict[SubnetConfig, int] = {}
+        self._ticks = 0
         self._lock = threading.Lock()
 
     # -- the hot path --------------------------------------------------------------------------------------------
     def use(self, plan) -> None:
-        """Called by the model's forward for a registered subnet's plan: mark it most recently run and make its
-        copies if it has none yet. O(1) once admitted."""
+        """Called by the model's forward for a registered subnet's plan: count the run, mark it most recently run
+        and make its copies if it has none yet and the guard lets it in. O(1) except when copying, when asking for
+        room (at most once per doubling of its run count) and when ageing the counts (amortised O(1))."""
+        if self.budget_bytes <= 0:
+            return
         cfg = plan.config
+        runs = self._runs
+        count = runs.get(cfg, 0) + 1  # not atomic across threads: a lost increment only blurs a heuristic
+        runs[cfg] = count
+        self._ticks += 1
+        if self._ticks >= AGE_EVERY * len(runs):
+            self._age()
         if cfg in self._admitted:
             try:
                 self._admitted.move_to_end(cfg)
             except KeyError:  # evicted by another thread in between: admitted again on its next forward
                 pass
             return
-        if self.budget_bytes > 0:
-            with self._lock:
-                if cfg not in self._admitted:
-                    self._admit(plan)
+        if count < self._retry_at.get(cfg, 0):
+            return  # refused room recently and not yet run often enough to ask again
+        with self._lock:
+            if cfg not in self._admitted:
+                self._admit(plan)
+
+    def _age(self) -> None:
+        with self._lock:
+            self._ticks = 0
+            self._runs = {cfg: n // 2 for cfg, n in self._runs.items() if n > 1 or cfg in self._admitted}
+            self._retry_at.clear()
 
     # -- admission and eviction ----------------------------------------------------------------------------------
-    @torch.no_grad()
-    def _admit(self, plan) -> None:
+    def _wanted(self, plan) -> list[tuple[tuple[int, int, int], torch.Tensor, int]]:
+        """``(key, view, bytes)`` of the plan's cacheable slices, smallest first."""
         wanted = []
         for op, entry in zip(self.ops, plan.entries):
-            slice_ = None if entry is None else getattr(op, "cacheable_slice", lambda e: None)(entry)
+            slice_ = (
+                None if entry is None else getattr(op, "cacheable_slice", lambda e, p: None)(entry, self.pointwise)
+            )
             if slice_ is not None:
                 key, view = slice_
-                wanted.append(((op._op_index, *key), view))
+                wanted.append(((op._op_index, *key), view, view.numel() * view.element_size()))
         # Smallest first: under a tight budget this covers the most layers; the largest slices (a late stage's 3x3
         # convolution) are the ones whose view costs least relative to their size.
-        wanted.sort(key=lambda kv: kv[1].numel() * kv[1].element_size())
-        kept, kept_bytes = [], 0
-        for key, view in wanted:
-            size = view.numel() * view.element_size()
-            if key in self._users:  # already copied for another subnet: share it
-                self._users[key].add(plan.config)
-                kept.append(key)
-                kept_bytes += size
-                continue
-            if kept_bytes + size > self.budget_bytes:
-                break  # does not fit even with every other subnet evicted, nor do the larger ones after it
-            while self.used_bytes + size > self.budget_bytes:
-                self._evict(next(iter(self._admitted)))  # least recently run first
-            op = self.ops[key[0]]
-            op._weight_copies[key[1:]] = (view.contiguous(), op.weight._version, op.weight.data_ptr())
-            self._users[key] = {plan.config}
-            self.used_bytes += size
+        wanted.sort(key=lambda w: w[2])
+        return wanted
+
+    def _victims(self, cfg: SubnetConfig, keys: list, need: int) -> list[SubnetConfig] | None:
+        """The least recently run admitted subnets whose eviction frees ``need`` bytes (copies shared with ``keys``
+        or with subnets that stay are not freed), or None if evicting all of them would not."""
+        if need <= 0:
+            return []
+        gone: set[SubnetConfig] = set()
+        victims, freed = [], 0
+        keep = set(keys)
+        for victim in self._admitted:
+            victims.append(victim)
+            gone.add(victim)
+            for key in self._admitted[victim]:
+                if key not in keep and self._users[key] <= gone:
+                    keep.add(key)  # counted once
+                    freed += self._size(key)
+            if freed >= need:
+                return victims
+        return None
+
+    def _size(self, key: tuple[int, int, int]) -> int:
+        copy = self.ops[key[0]]._weight_copies[key[1:]][0]
+        return copy.numel() * copy.element_size()
+
+    @torch.no_grad()
+    def _admit(self, plan) -> None:
+        cfg = plan.config
+        # The copies this subnet can hold with every other subnet evicted: the smallest first, shared ones free.
+        kept, kept_bytes, new = [], 0, []
+        for key, view, size in self._wanted(plan):
+            if key not in self._users:
+                if kept_bytes + size > self.budget_bytes:
+                    break  # does not fit even with every other subnet evicted, nor do the larger ones after it
+                new.append((key, view, size))
             kept.append(key)
             kept_bytes += size
-        self._admitted[plan.config] = tuple(kept)
+        need = self.used_bytes + sum(size for *_, size in new) - self.budget_bytes
+        victims = self._victims(cfg, kept, need)
+        if victims is None:  # cannot happen (kept fits the budget alone); evicting everyone is the safe answer
+            victims = list(self._admitted)
+        count = self._runs.get(cfg, 0)
+        if victims:
+            most = max(self._runs.get(v, 0) for v in victims)
+            if count < ADMIT_FREQUENCY_RATIO * most:
+                # Refused: run on the views (as without a cache) until it has run that often.
+                self._retry_at[cfg] = max(count + 1, ADMIT_FREQUENCY_RATIO * most)
+                return
+        self._retry_at.pop(cfg, None)
+        for key in kept:
+            if key in self._users:  # shared: claimed before any eviction so that it stays
+                self._users[key].add(cfg)
+        for victim in victims:
+            self._evict(victim)
+        for key, view, size in new:
+            op = self.ops[key[0]]
+            op._weight_copies[key[1:]] = (view.contiguous(), op.weight._version, op.weight.data_ptr())
+            self._users[key] = {cfg}
+            self.used_bytes += size
+            self.copied_bytes += size
+        self._admitted[cfg] = tuple(kept)
 
     def _evict(self, cfg: SubnetConfig) -> None:
         for key in self._admitted.pop(cfg):
@@ -146,18 +235,24 @@ class WeightCache:
                     op._weight_copies = {}
             self._admitted.clear()
             self._users.clear()
-            self.used_bytes = 0
+            self._runs, self._retry_at, self._ticks = {}, {}, 0
+            self.used_bytes = self.copied_bytes = 0
 
-    def set_budget(self, budget_bytes: int) -> None:
-        """Set the budget; copies over it are evicted now (least recently run subnets first)."""
+    def set_budget(self, budget_bytes: int, default: bool = False) -> None:
+        """Set the budget; copies over it are evicted now (least recently run subnets first). ``default``: the
+        budget is the default one."""
         with self._lock:
-            self.budget_bytes = budget_bytes
+            self.budget_bytes, self.default_budget = budget_bytes, default
+            self.copied_bytes = 0
+            self._retry_at.clear()  # more room, or less: ask again
             while self._admitted and (self.used_bytes > budget_bytes or budget_bytes == 0):
                 self._evict(next(iter(self._admitted)))
 
     def info(self) -> WeightCacheInfo:
         with self._lock:
-            return WeightCacheInfo(self.budget_bytes, self.used_bytes, tuple(self._admitted), len(self._users))
+            return WeightCacheInfo(
+                self.budget_bytes, self.used_bytes, tuple(self._admitted), len(self._users), self.copied_bytes
+            )
 
 
 def default_budget_bytes(ops: list) -> int:

@@ -163,14 +163,18 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
         return (out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
 
-    def cacheable_slice(self, entry: tuple) -> tuple[tuple[int, int], torch.Tensor] | None:
+    def cacheable_slice(self, entry: tuple, pointwise: bool = True) -> tuple[tuple[int, int], torch.Tensor] | None:
         """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
         every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
         out_k, in_k, _, weight, _, gemm, _, kernel = entry
         # CPU only: measured there (issue 16), and a CUDA graph captured on a copy would read freed memory once the
         # copy is evicted.
-        if gemm or kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
+        if kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
             return None
+        if gemm:
+            if not pointwise:
+                return None
+            weight = self.weight[:out_k, :in_k]  # the (k_out, k_in, 1, 1) slice the convolution gets
         return (out_k, in_k), weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -198,6 +202,7 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 else:
                     fresh = self._slice(out_k, in_k)[0]  # not the planned view: the storage may be new
                     weight = self._subnetact_state.weight_cache.refresh(self, out_k, in_k, fresh)
+                gemm = False  # a 1x1 copy runs oneDNN's convolution, the extracted layer's kernel
         if unfold_weight is not None:
             n, _, h, w = x.shape
             (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.stride, self.dilation
