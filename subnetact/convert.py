@@ -22,6 +22,7 @@ from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin, state_of, supernet_class
 from .trace import sliceable_kind
 from .verify import eval_mode, one_thread, trace_model, verify_conversion
+from .weight_cache import check_budget_mb
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
@@ -78,6 +79,7 @@ def convert(
     *,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
     example_inputs: Any = None,
+    weight_cache_mb: float | None = None,
 ) -> nn.Module:
     """Rewrite ``model`` in place into an actuatable supernet and return it (the same object).
 
@@ -108,6 +110,9 @@ def convert(
         example_inputs: what ``model`` takes: a tensor, a tuple of positional arguments or a dict of keyword
             arguments (batch 1 is enough). Default: an image batch built from the first convolution (trying a few
             sizes, or the model's ``image_size``) or a vector batch for the first linear layer.
+        weight_cache_mb: the budget of the CPU weight cache in MB (contiguous copies of registered subnets'
+            strided convolution slices; ``model.set_weight_cache`` changes it later); None: the default (8 % of the
+            supernet's weights), 0: off.
 
     Returns:
         ``model`` itself, now actuated on its largest subnet.
@@ -116,7 +121,7 @@ def convert(
         UnsupportedModelError: nothing in the model can be made elastic (the message says why for the largest
             channel groups: the module path and the operation that blocks them), the converted model fails the check
             above, or the model is already converted.
-        ConfigError: ``config`` or ``example_inputs`` is not valid.
+        ConfigError: ``config``, ``example_inputs`` or ``weight_cache_mb`` is not valid.
 
     Example::
 
@@ -131,6 +136,7 @@ def convert(
         raise UnsupportedModelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, SupernetMixin):
         raise UnsupportedModelError("model is already converted (call subnetact.unconvert(model) first)")
+    check_budget_mb(weight_cache_mb, "convert: weight_cache_mb")
 
     # Phase 1: analyse and validate (no mutation). A model adapter, if one is registered for the model's class,
     # replaces the analysis and is trusted to be exact (its own tests check parity with its reference).
@@ -138,17 +144,19 @@ def convert(
     plan = None if adapter is None else adapter(model, config, filter_fn)
     if plan is not None:
         apply_conversion(model, plan, config)
-        return model
-    with one_thread():
-        plan, call, reference = analyse_model(model, config, filter_fn, example_inputs)
-        # Phase 2: rewrite, then check; undo everything on failure.
-        replaced = apply_conversion(model, plan, config)
-        if call is not None:
-            try:
-                verify_conversion(model, call, reference)
-            except BaseException:
-                rollback(model, replaced)
-                raise
+    else:
+        with one_thread():
+            plan, call, reference = analyse_model(model, config, filter_fn, example_inputs)
+            # Phase 2: rewrite, then check; undo everything on failure.
+            replaced = apply_conversion(model, plan, config)
+            if call is not None:
+                try:
+                    verify_conversion(model, call, reference)
+                except BaseException:
+                    rollback(model, replaced)
+                    raise
+    if weight_cache_mb is not None:
+        model.set_weight_cache(weight_cache_mb)
     return model
 
 

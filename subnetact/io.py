@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import ArgumentTypeError, CheckpointError
+from .errors import ArgumentTypeError, CheckpointError, ConfigError
 from .space import Space
 from .supernet import SupernetMixin, state_of
+from .weight_cache import check_budget_mb
 
 FORMAT = "subnetact"
 FORMAT_VERSION = 2
@@ -64,6 +65,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
         "subnets": [cfg.to_dict() for cfg in subnets],
         "active": state.default_config.to_dict(),
         "aliases": aliases,
+        # None: the default budget (the loading model's own default); else the budget set by the user, in bytes
+        "weight_cache_bytes": None if state.weight_cache.default_budget else state.weight_cache.budget_bytes,
     }
     header_json = json.dumps(header)
     path = Path(path)
@@ -91,15 +94,25 @@ def _new_temp_file(path: Path) -> str:
     raise FileExistsError(f"could not create a temporary file next to {str(path)!r}")
 
 
-def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.Module]) -> nn.Module:
+def load(
+    path: str | os.PathLike,
+    model_or_factory: nn.Module | Callable[[], nn.Module],
+    *,
+    weight_cache_mb: float | str | None = "saved",
+) -> nn.Module:
     """Load a file written by :func:`save` into a model and return the model.
 
     Args:
         path: the file.
         model_or_factory: the model to fill, or a zero-argument callable building it (e.g.
             ``torchvision.models.resnet50``). An unconverted model is converted with the saved convert options.
+        weight_cache_mb: the weight cache's budget in MB (see ``model.set_weight_cache``): ``"saved"`` (default) the
+            budget the saved model had (files written before it was saved get the default), None the default, 0
+            off.
 
     Raises:
+        ConfigError: (a ``ValueError``) ``weight_cache_mb`` is not ``"saved"``, None or a finite number >= 0;
+            raised before the file is read or the model touched.
         CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (the sha256 covers the
             tensors and the header), was not written by subnetact, or does not match the model (space, keys, shapes,
             dtypes, subnets). Every problem with the file raises this, and the model passed in is left as it was
@@ -109,6 +122,14 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
 
     from .convert import convert, unconvert
 
+    if not (isinstance(weight_cache_mb, str) and weight_cache_mb == "saved"):
+        try:
+            check_budget_mb(weight_cache_mb, "load: weight_cache_mb")
+        except ConfigError:
+            raise ConfigError(
+                f'load: weight_cache_mb={weight_cache_mb!r} must be "saved" (the saved budget), None (the default) '
+                "or a finite number >= 0 (MB)"
+            ) from None
     path = Path(path)
     where = repr(str(path))
     try:
@@ -154,6 +175,12 @@ def load(path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.
             # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.
             convert(model, saved.convert_config)
         _load_validated(model, tensors, saved, where)
+        if weight_cache_mb != "saved":
+            model.set_weight_cache(weight_cache_mb)
+        elif saved.weight_cache_bytes is None:
+            model.set_weight_cache(None)
+        else:
+            model._subnetact.weight_cache.set_budget(saved.weight_cache_bytes)  # exact bytes, no MB round trip
     except BaseException as exc:
         if converted_here and isinstance(model, SupernetMixin):
             unconvert(model)
@@ -172,6 +199,7 @@ class _SavedHeader:
     subnets: list[SubnetConfig]
     active: SubnetConfig
     aliases: dict[str, str]
+    weight_cache_bytes: int | None
 
 
 def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeader:
@@ -188,12 +216,18 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
     subnets = header["subnets"]
     if not isinstance(subnets, list):
         raise CheckpointError(f"subnets must be a JSON list, got {subnets!r}")
+    cache_bytes = header.get("weight_cache_bytes")  # absent in files written before the weight cache
+    if cache_bytes is not None and (
+        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0
+    ):
+        raise CheckpointError(f"weight_cache_bytes must be null or an integer >= 0, got {cache_bytes!r}")
     return _SavedHeader(
         convert_config=ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}),
         space=Space.from_dict(header["space"]),
         subnets=[SubnetConfig.from_dict(c) for c in subnets],
         active=SubnetConfig.from_dict(header["active"]),
         aliases=dict(aliases),
+        weight_cache_bytes=cache_bytes,
     )
 
 

@@ -141,7 +141,7 @@ class SupernetMixin:
             mb: budget in MB, >= 0, or None for the default.
 
         Raises:
-            ValueError: ``mb`` is negative, not a number, or a bool.
+            ConfigError: (a ``ValueError``) ``mb`` is negative, not finite, not a number, or a bool.
 
         Example::
 

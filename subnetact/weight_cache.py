@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from .config import SubnetConfig
+from .errors import ConfigError
 
 #: The default budget as a fraction of the supernet's parameter and buffer bytes. 8 % keeps the memory claim of
 #: ``docs/benchmarks.md`` (OFA-ResNet50: supernet + statistics + cache of the six served subnets >= 2.6x smaller
@@ -50,9 +51,10 @@ AGE_EVERY = 16
 
 
 def check_budget_mb(mb: object, where: str) -> None:
-    """Raise ``ValueError`` naming ``where`` unless ``mb`` is a finite number >= 0 or None (the default budget)."""
+    """Raise :class:`~subnetact.ConfigError` (a ``ValueError``) naming ``where`` unless ``mb`` is a finite number
+    >= 0 or None (the default budget)."""
     if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf")):
-        raise ValueError(f"{where}={mb!r} must be a finite number >= 0 (MB), or None for the default")
+        raise ConfigError(f"{where}={mb!r} must be a finite number >= 0 (MB), or None for the default")
 
 
 @dataclass(frozen=True)

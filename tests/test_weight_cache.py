@@ -333,3 +333,78 @@ def test_unfold_gemm_equals_the_convolution(kwargs):
         got = weight_slice._unfold_conv(x, w2d, bias, conv, h, w)
     assert got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# -- the budget through convert, save and load ------------------------------------------------------------------
+
+
+def registered(model):
+    entries = model.space.entries("depth")
+    subnets = [
+        model.space.make(depth=[e.choices[round(t * (len(e.choices) - 1))] for e in entries], width=w)
+        for t, w in ((0.0, 0.25), (1.0, 0.75))
+    ]
+    subnetact.calibrate(model, [image_batch(4)], subnets=subnets)
+    return subnets
+
+
+def test_convert_sets_the_budget_and_the_model_serves_like_the_exported_subnets():
+    model = subnetact.convert(TINY_MODELS["bottleneck"](), weight_cache_mb=0.03).eval()
+    assert model.weight_cache_info().budget_bytes == 30_000
+    x = image_batch(2)
+    for cfg in registered(model) * 2:
+        torch.testing.assert_close(run(model, cfg, x), reference(model, cfg, x), rtol=1e-4, atol=1e-5)
+    info = model.weight_cache_info()
+    assert 0 < info.used_bytes <= 30_000
+    off = subnetact.convert(TINY_MODELS["bottleneck"](), weight_cache_mb=0).eval()
+    for cfg in registered(off):
+        torch.testing.assert_close(run(off, cfg, x), reference(off, cfg, x), rtol=1e-4, atol=1e-5)
+    assert off.weight_cache_info().used_bytes == 0
+
+
+@pytest.mark.parametrize("mb", [-1, float("nan"), float("inf"), True, "10"])
+def test_convert_refuses_a_bad_budget_and_leaves_the_model_unconverted(mb):
+    model = TINY_MODELS["bottleneck"]()
+    cls, modules = type(model), list(model.modules())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(subnetact.ConfigError, match=r"convert: weight_cache_mb=.* must be a finite number >= 0"):
+        subnetact.convert(model, weight_cache_mb=mb)
+    assert type(model) is cls and list(model.modules()) == modules
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_load_restores_the_saved_budget_or_takes_the_one_given(tmp_path):
+    model = subnetact.convert(TINY_MODELS["bottleneck"](seed=1)).eval()
+    subnets = registered(model)
+    model.set_weight_cache(0.0123456)
+    path = tmp_path / "m.safetensors"
+    subnetact.save(model, path)
+    x = image_batch(2)
+    loaded = subnetact.load(path, lambda: TINY_MODELS["bottleneck"](seed=2)).eval()
+    assert loaded.weight_cache_info().budget_bytes == 12_345
+    for cfg in subnets * 2:
+        torch.testing.assert_close(run(loaded, cfg, x), reference(model, cfg, x), rtol=1e-4, atol=1e-5)
+    assert 0 < loaded.weight_cache_info().used_bytes <= 12_345
+    for given, expected in ((0, 0), (2, 2_000_000), (None, default_budget_bytes(model._subnetact.ops))):
+        into = subnetact.convert(TINY_MODELS["bottleneck"](seed=3), weight_cache_mb=7)
+        assert subnetact.load(path, into, weight_cache_mb=given).weight_cache_info().budget_bytes == expected
+    # A model saved with the default budget loads with the loading model's default, not a number fixed in the file.
+    model.set_weight_cache(None)
+    subnetact.save(model, path)
+    into = subnetact.convert(TINY_MODELS["bottleneck"](seed=3), weight_cache_mb=7)
+    loaded = subnetact.load(path, into)
+    assert loaded.weight_cache_info().budget_bytes == default_budget_bytes(loaded._subnetact.ops)
+    assert loaded._subnetact.weight_cache.default_budget
+
+
+@pytest.mark.parametrize("mb", [-1, float("nan"), True, "default", [1]])
+def test_load_refuses_a_bad_budget_before_touching_the_model(tmp_path, mb):
+    model = subnetact.convert(TINY_MODELS["bottleneck"](seed=1))
+    path = tmp_path / "m.safetensors"
+    subnetact.save(model, path)
+    into = subnetact.convert(TINY_MODELS["bottleneck"](seed=2), weight_cache_mb=7)
+    before = {k: v.clone() for k, v in into.state_dict().items()}
+    with pytest.raises(subnetact.ConfigError, match=r'load: weight_cache_mb=.* must be "saved"'):
+        subnetact.load(path, into, weight_cache_mb=mb)
+    assert all(torch.equal(v, into.state_dict()[k]) for k, v in before.items())
+    assert into.weight_cache_info().budget_bytes == 7_000_000
