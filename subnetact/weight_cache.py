@@ -39,15 +39,11 @@ from .errors import ConfigError
 #: than the six extracted subnets); see the budget -> forward-time curve there.
 DEFAULT_BUDGET_FRACTION = 0.08
 
-#: A subnet that needs room evicts others only if it ran at least this many times as often as each of them
-#: (recently; see :data:`AGE_EVERY`). Without this frequency guard, a budget smaller than the served set's copies
-#: thrashes under a server's round-robin of subnets: every switch evicts the least recently run subnet and copies the
-#: next one again (issue 16). With it, subnets run about equally often keep whatever was copied first, and a subnet
-#: that becomes hot still takes over the room of those that cooled down.
-ADMIT_FREQUENCY_RATIO = 2
-
-#: Run counts are halved every ``AGE_EVERY`` forwards per registered subnet seen, so the guard follows a changing mix.
-AGE_EVERY = 16
+# The recency guard (issue 16). Least-recently-run eviction alone thrashes when a server switches among more
+# subnets than the budget holds: under a round-robin every switch evicted the least recently run subnet and copied
+# the next one again. So a subnet that needs room evicts others only if none of them has run since its own previous
+# forward: a subnet run twice in a row (the mix moved to it) takes the room at once, one forward late, while subnets
+# that keep alternating keep whatever was copied first and the rest run on the views.
 
 
 def check_budget_mb(mb: object, where: str) -> None:
@@ -96,48 +92,40 @@ class WeightCache:
         self.copied_bytes = 0
         self._admitted: OrderedDict[SubnetConfig, tuple[tuple[int, int, int], ...]] = OrderedDict()
         self._users: dict[tuple[int, int, int], set[SubnetConfig]] = {}
-        # Recent run counts of registered subnets (halved every AGE_EVERY * len(_runs) forwards), and for a subnet
-        # refused room, the count at which to ask again.
-        self._runs: dict[SubnetConfig, int] = {}
-        self._retry_at: dict[SubnetConfig, int] = {}
-        self._ticks = 0
+        # Forwards of registered subnets so far, and the forward each one last ran in (the recency guard).
+        self._tick = 0
+        self._last_run: dict[SubnetConfig, int] = {}
+        # config -> (plan, its cacheable slices), so that a subnet refused room asks again cheaply
+        self._wanted_memo: dict[SubnetConfig, tuple[object, list]] = {}
         self._lock = threading.Lock()
 
     # -- the hot path --------------------------------------------------------------------------------------------
     def use(self, plan) -> None:
-        """Called by the model's forward for a registered subnet's plan: count the run, mark it most recently run
-        and make its copies if it has none yet and the guard lets it in. O(1) except when copying, when asking for
-        room (at most once per doubling of its run count) and when ageing the counts (amortised O(1))."""
+        """Called by the model's forward for a registered subnet's plan: note the run, mark it most recently run and
+        make its copies if it has none yet and the recency guard lets it in. O(1) once admitted."""
         if self.budget_bytes <= 0:
             return
         cfg = plan.config
-        runs = self._runs
-        count = runs.get(cfg, 0) + 1  # not atomic across threads: a lost increment only blurs a heuristic
-        runs[cfg] = count
-        self._ticks += 1
-        if self._ticks >= AGE_EVERY * len(runs):
-            self._age()
+        # Not atomic across threads: a lost update only delays or advances one admission.
+        self._tick += 1
+        previous = self._last_run.get(cfg)
+        self._last_run[cfg] = self._tick
         if cfg in self._admitted:
             try:
                 self._admitted.move_to_end(cfg)
             except KeyError:  # evicted by another thread in between: admitted again on its next forward
                 pass
             return
-        if count < self._retry_at.get(cfg, 0):
-            return  # refused room recently and not yet run often enough to ask again
         with self._lock:
             if cfg not in self._admitted:
-                self._admit(plan)
-
-    def _age(self) -> None:
-        with self._lock:
-            self._ticks = 0
-            self._runs = {cfg: n // 2 for cfg, n in self._runs.items() if n > 1 or cfg in self._admitted}
-            self._retry_at.clear()
+                self._admit(plan, previous)
 
     # -- admission and eviction ----------------------------------------------------------------------------------
     def _wanted(self, plan) -> list[tuple[tuple[int, int, int], torch.Tensor, int]]:
         """``(key, view, bytes)`` of the plan's cacheable slices, smallest first."""
+        memo = self._wanted_memo.get(plan.config)
+        if memo is not None and memo[0] is plan:
+            return memo[1]
         wanted = []
         for op, entry in zip(self.ops, plan.entries):
             slice_ = (
@@ -149,6 +137,7 @@ class WeightCache:
         # Smallest first: under a tight budget this covers the most layers; the largest slices (a late stage's 3x3
         # convolution) are the ones whose view costs least relative to their size.
         wanted.sort(key=lambda w: w[2])
+        self._wanted_memo[plan.config] = (plan, wanted)
         return wanted
 
     def _victims(self, cfg: SubnetConfig, keys: list, need: int) -> list[SubnetConfig] | None:
@@ -175,7 +164,9 @@ class WeightCache:
         return copy.numel() * copy.element_size()
 
     @torch.no_grad()
-    def _admit(self, plan) -> None:
+    def _admit(self, plan, previous: int | None) -> None:
+        """Copy ``plan``'s slices, evicting least recently run subnets if the recency guard allows (``previous``:
+        the forward this subnet last ran in before this one, None if never)."""
         cfg = plan.config
         # The copies this subnet can hold with every other subnet evicted: the smallest first, shared ones free.
         kept, kept_bytes, new = [], 0, []
@@ -190,14 +181,8 @@ class WeightCache:
         victims = self._victims(cfg, kept, need)
         if victims is None:  # cannot happen (kept fits the budget alone); evicting everyone is the safe answer
             victims = list(self._admitted)
-        count = self._runs.get(cfg, 0)
-        if victims:
-            most = max(self._runs.get(v, 0) for v in victims)
-            if count < ADMIT_FREQUENCY_RATIO * most:
-                # Refused: run on the views (as without a cache) until it has run that often.
-                self._retry_at[cfg] = max(count + 1, ADMIT_FREQUENCY_RATIO * most)
-                return
-        self._retry_at.pop(cfg, None)
+        if victims and (previous is None or any(self._last_run.get(v, 0) > previous for v in victims)):
+            return  # refused: some of them ran since this subnet's previous forward; it runs on the views
         for key in kept:
             if key in self._users:  # shared: claimed before any eviction so that it stays
                 self._users[key].add(cfg)
@@ -237,7 +222,7 @@ class WeightCache:
                     op._weight_copies = {}
             self._admitted.clear()
             self._users.clear()
-            self._runs, self._retry_at, self._ticks = {}, {}, 0
+            self._tick, self._last_run, self._wanted_memo = 0, {}, {}
             self.used_bytes = self.copied_bytes = 0
 
     def set_budget(self, budget_bytes: int, default: bool = False) -> None:
@@ -246,7 +231,6 @@ class WeightCache:
         with self._lock:
             self.budget_bytes, self.default_budget = budget_bytes, default
             self.copied_bytes = 0
-            self._retry_at.clear()  # more room, or less: ask again
             while self._admitted and (self.used_bytes > budget_bytes or budget_bytes == 0):
                 self._evict(next(iter(self._admitted)))
 
