@@ -3,8 +3,9 @@
 Why (issue 16): a convolution whose *input* channels are sliced runs on a strided view ``W[:k_out, :k_in]``.
 PyTorch's CPU convolution (oneDNN) needs a contiguous weight, so it copies the view into a fresh allocation on every
 forward, and those allocations fault in new pages whenever the allocator has handed the memory back to the system.
-An extracted subnet pays neither. Keeping the contiguous copy of such a slice makes the actuated layer run exactly
-the extracted layer's kernel on exactly the extracted layer's tensor.
+An extracted subnet pays neither. (A 1x1 convolution without a copy runs as a GEMM on the view, which is no slower
+at one thread but slower than oneDNN's convolution at two.) Keeping the contiguous copy of such a slice makes the
+actuated layer run exactly the extracted layer's kernel on exactly the extracted layer's tensor.
 
 The copies cost memory, which is the point of a supernet to save, so they are kept only for registered subnets
 (the served set, see :func:`subnetact.calibrate`) and only within a budget the user sets
@@ -86,7 +87,8 @@ class WeightCache:
         self.budget_bytes = budget_bytes
         #: whether the budget is the default one (``save`` stores None then, so ``load`` applies its own default)
         self.default_budget = default_budget
-        #: whether 1x1 slices are copied (then run as oneDNN convolutions on the copy instead of a GEMM on the view)
+        #: whether 1x1 slices are copied (then run as oneDNN convolutions on the copy instead of a GEMM on the view;
+        #: measured faster at two threads, docs/benchmarks.md); False is what issue 16 compared against
         self.pointwise = True
         self.used_bytes = 0
         self.copied_bytes = 0

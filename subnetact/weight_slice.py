@@ -85,11 +85,14 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
 
     Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``, ``benchmarks/bench_ofa.py``, issue
     16): a prefix along the output dimension is a contiguous view and runs the normal convolution. A slice of the
-    input dimension is a strided view; for a 1x1 convolution (stride 1, no padding) it runs as one GEMM reading the
-    strided weight in place (``mm(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the
-    convolution. Other shapes need a contiguous weight: ``F.conv2d`` copies the view into a fresh allocation on
-    every call, so for registered subnets the model's weight cache keeps that copy (within the budget of
-    ``model.set_weight_cache``) and the layer runs the extracted layer's kernel on it; the rest pass the view.
+    input dimension is a strided view. For registered subnets the model's weight cache keeps a contiguous copy of
+    it (within the budget of ``model.set_weight_cache``) and the layer runs the extracted layer's kernel (oneDNN's
+    convolution) on that copy. Without a copy, a 1x1 convolution (stride 1, no padding) runs as one GEMM reading the
+    strided weight in place (``mm(W[:o, :i], x.flatten(2))``): as fast as the convolution at one thread, but at two
+    threads oneDNN's convolution measured up to 16 % faster on the large late-stage 1x1 weights (and the whole
+    OFA-ResNet50 forward 2-5 % faster with 1x1 copies in the cache, ``docs/benchmarks.md``). Other shapes need a
+    contiguous weight: ``F.conv2d`` copies the view into a fresh allocation on every call, unless the unfold + GEMM
+    formulation reads it in place (small outputs, ``UNFOLD_MAX_ROWS``).
     """
 
     @classmethod
@@ -164,8 +167,9 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         return (out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
 
     def cacheable_slice(self, entry: tuple, pointwise: bool = True) -> tuple[tuple[int, int], torch.Tensor] | None:
-        """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
-        every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
+        """``((k_out, k_in), view)`` when ``entry`` runs on a strided weight view (``F.conv2d`` copies it every call;
+        a 1x1 convolution's GEMM reads it in place, but oneDNN's convolution on a copy is faster at two threads;
+        ``pointwise=False`` leaves those out), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
         out_k, in_k, _, weight, _, gemm, _, kernel = entry
         # CPU only: measured there (issue 16), and a CUDA graph captured on a copy would read freed memory once the
         # copy is evicted.
