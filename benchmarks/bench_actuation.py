@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--arch", default="resnet50")
     parser.add_argument("--switches", type=int, default=20000, help="timed actuations")
     parser.add_argument("--loads", type=int, default=20, help="timed safetensors loads")
+    parser.add_argument("--image-size", type=int, default=32, help="image size of the calibration batch (ViT: 224)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -39,7 +40,7 @@ def main() -> None:
         converts.append(time.perf_counter() - start)
     model = subnetact.convert(supernet).eval()
     subnets = spanning_subnets(model.space, 6)
-    subnetact.calibrate(model, [torch.randn(2, 3, 32, 32)], subnets=subnets)
+    subnetact.calibrate(model, [torch.randn(2, 3, args.image_size, args.image_size)], subnets=subnets)
     a, b = subnets[1], subnets[4]
 
     # Actuation: alternate between two registered subnets so every call is a real switch.

@@ -27,6 +27,9 @@ def main() -> None:
     parser.add_argument("--arch", default="resnet50", help="torchvision model builder name")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument(
+        "--calib-size", type=int, default=64, help="image size of the calibration batch (ViT: its --image-size)"
+    )
     parser.add_argument("--reps", type=int, default=15, help="timed forwards per model and subnet")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--subnets", type=int, default=6)
@@ -47,7 +50,7 @@ def main() -> None:
     subnets = spanning_subnets(model.space, args.subnets)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", subnetact.UncalibratedSubnetWarning)
-        subnetact.calibrate(model, [torch.randn(8, 3, 64, 64)], subnets=subnets)
+        subnetact.calibrate(model, [torch.randn(8, 3, args.calib_size, args.calib_size)], subnets=subnets)
     exported = {cfg: model.export(cfg).eval() for cfg in subnets}
     uncached = copy.deepcopy(model)
     uncached.set_weight_cache(0)

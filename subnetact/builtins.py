@@ -9,4 +9,4 @@ from . import (
     hf,  # noqa: F401  (Hugging Face adapters and families)
     ofa,  # noqa: F401  (once-for-all adapters)
 )
-from .rules import torchvision_resnet  # noqa: F401  (torchvision ResNet block rules)
+from .rules import timm_vit, torchvision_resnet  # noqa: F401  (timm ViT attention, torchvision ResNet block rules)

@@ -11,11 +11,13 @@ import torch
 from torch import nn
 
 from ._registry import ClassRegistry
+from .attention import attention_operators
 from .errors import ConfigError, UnsupportedModelError
 from .graph import analyse_trace
 from .layer_select import PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
+from .slimmable_norm import slimmable_norm
 from .space import Entry, Space
 from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
@@ -262,6 +264,11 @@ def analyse_model(
     slices.update({path: (shift(o), shift(i)) for path, (o, i) in graph.slices.items()})
     norms = {path: shift(g) for path, g in graph.norms.items()}
     norms.update(rules.norms)
+    custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
+    for path, g in graph.heads.items():
+        factories, layers = attention_operators(model.get_submodule(path), path, shift(g))
+        custom.update(factories)
+        slices.update(layers)
     if not groups and not any(len(e.choices) > 1 for e in depth):
         why = "; ".join(graph.blocked[:3]) or "it has no conv/linear layer whose channels could shrink"
         raise UnsupportedModelError(
@@ -273,7 +280,7 @@ def analyse_model(
         dims["depth"] = depth
     if width:
         dims["width"] = width
-    return ConversionPlan(stages, dims, groups, slices, norms), call, reference
+    return ConversionPlan(stages, dims, groups, slices, norms, custom), call, reference
 
 
 def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]) -> ConversionPlan:
@@ -377,7 +384,11 @@ def _insert_operators(model: nn.Module, plan: ConversionPlan, replaced: list) ->
         cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
         _replace(model, path, cls.from_module(layer, out_group, in_group), replaced)
     for path, group in plan.norms.items():
-        _replace(model, path, SubnetNorm.from_module(model.get_submodule(path), group), replaced)
+        norm = model.get_submodule(path)
+        if isinstance(norm, (nn.LayerNorm, nn.GroupNorm)):
+            _replace(model, path, slimmable_norm(norm, group), replaced)
+        else:
+            _replace(model, path, SubnetNorm.from_module(norm, group), replaced)
     for path, module in list(model.named_modules()):
         if sliceable_kind(module) == "norm" and not isinstance(module, Operator):
             _replace(model, path, SubnetNorm.from_module(module, None), replaced)

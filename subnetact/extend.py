@@ -8,7 +8,10 @@
 - **Operators** (:class:`Operator`): the interface of modules whose forward reads the active plan; a plan's
   ``custom`` entries build user-defined ones.
 - **Norm-with-activation classes** (:data:`NORM_ACT_CLASSES`): BatchNorm2d subclasses that are BatchNorm2d followed
-  by ``drop`` / ``act`` modules, which :class:`SubnetNorm` can stand in for.
+  by ``drop`` / ``act`` modules, which :class:`SubnetNorm` can stand in for; :data:`LAYER_NORM_CLASSES`: LayerNorm
+  subclasses computing ``F.layer_norm``, which :class:`SubnetLayerNorm` can stand in for.
+- **Packed attentions** (:func:`register_packed_attention`): attention classes with one fused q/k/v projection whose
+  heads the traced analysis slices (timm's ViT attention is built in; ``nn.MultiheadAttention`` always).
 
 Example::
 
@@ -19,11 +22,20 @@ Example::
         ...
 """
 
+from .attention import (
+    NarrowMultiheadAttention,
+    PackedAttention,
+    PackedSliceLinear,
+    SubnetMultiheadAttention,
+    register_packed_attention,
+)
 from .convert import ConversionPlan, ConvertConfig, StagePlan, active_size, register_model_adapter
 from .export import register_export_hook
+from .head_count import HeadCount
 from .layer_select import EVERY_OTHER, PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
 from .rules import BlockSpec, ChannelSpec, register_block_rule, unregister_block_rule
+from .slimmable_norm import LAYER_NORM_CLASSES, SubnetGroupNorm, SubnetLayerNorm
 from .space import Entry, Space
 from .state import ActuationState, ChannelGroup, Plan
 from .subnet_norm import SubnetNorm
@@ -33,6 +45,7 @@ from .weight_slice import WeightSlice, WeightSliceConv2d, WeightSliceLinear
 
 __all__ = [
     "EVERY_OTHER",
+    "LAYER_NORM_CLASSES",
     "NORM_ACT_CLASSES",
     "PREFIX",
     "ActuationState",
@@ -42,12 +55,19 @@ __all__ = [
     "ConversionPlan",
     "ConvertConfig",
     "Entry",
+    "HeadCount",
     "LayerSelect",
     "LayerSelectList",
+    "NarrowMultiheadAttention",
     "Operator",
+    "PackedAttention",
+    "PackedSliceLinear",
     "Plan",
     "Space",
     "StagePlan",
+    "SubnetGroupNorm",
+    "SubnetLayerNorm",
+    "SubnetMultiheadAttention",
     "SubnetNorm",
     "WeightSlice",
     "WeightSliceConv2d",
@@ -56,6 +76,7 @@ __all__ = [
     "register_block_rule",
     "register_export_hook",
     "register_model_adapter",
+    "register_packed_attention",
     "state_of",
     "unregister_block_rule",
 ]

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import nn
 
+from .attention import head_layout
 from .state import ChannelGroup
 from .trace import ChannelTrace, is_residual
 
@@ -41,6 +42,7 @@ class GraphPlan:
     slices: dict[str, tuple[int | None, int | None]]
     norms: dict[str, int | None]
     blocked: list[str]  # why groups were left at full width, most channels first
+    heads: dict[str, int] = field(default_factory=dict)  # attention path -> its heads channel group
 
 
 def analyse_trace(
@@ -70,7 +72,7 @@ def analyse_trace(
     for path, use in trace.layers.items():
         for g in {uf.find(g) for g in use.outs + use.ins}:
             members.setdefault(g, []).append(path)
-        if use.kind != "norm":
+        if use.kind in ("conv", "linear"):
             has_producer.update(uf.find(g) for g in use.outs)
     modules = dict(model.named_modules())
 
@@ -110,12 +112,34 @@ def analyse_trace(
         inp = index.get(uf.find(use.ins[0])) if use.ins else None
         if use.kind == "norm":
             norms[path] = inp
+        elif use.kind in ("layernorm", "groupnorm"):
+            if inp is not None:  # a LayerNorm / GroupNorm of a full-width dimension stays a plain module
+                norms[path] = inp
         elif out is not None or inp is not None:
             slices[path] = (out, inp)
 
+    # Attention heads: each attention's heads are one group of whole heads, its own width entry.
+    heads: dict[str, int] = {}
+    for path in trace.attentions:
+        if covered(path):
+            continue
+        module = modules[path]
+        layout = head_layout(module)
+        if isinstance(layout, str):
+            blocked.append((0, f"heads of {path!r}: {layout}"))
+            continue
+        if filter_fn is not None and not filter_fn(module, path):
+            blocked.append((0, f"heads of {path!r}: filter_fn rejected it"))
+            continue
+        n_heads, head_dim = layout
+        width_names.append(path)
+        heads[path] = len(groups)
+        sizes = group_sizes(n_heads * head_dim, head_dim, width_choices)
+        groups.append(ChannelGroup("width", len(width_names) - 1, n_heads * head_dim, sizes))
+
     stages = _stages(model, trace, modules, covered, filter_fn)
     blocked.sort(key=lambda item: -item[0])
-    return GraphPlan(stages, width_names, groups, slices, norms, [text for _, text in blocked])
+    return GraphPlan(stages, width_names, groups, slices, norms, [text for _, text in blocked], heads)
 
 
 def _owner(paths: list[str], modules: dict[str, nn.Module]) -> str:

@@ -14,7 +14,9 @@ import math
 import torch
 from torch import nn
 
+from .attention import PackedSliceLinear
 from .errors import ConfigError
+from .slimmable_norm import SubnetGroupNorm, SubnetLayerNorm
 from .subnet_norm import SubnetNorm
 from .supernet import state_of
 from .weight_slice import WeightSlice, WeightSliceConv2d
@@ -46,7 +48,7 @@ def reorder_channels(model: nn.Module) -> list[torch.Tensor]:
         )
     producers: list[list[WeightSlice]] = [[] for _ in state.groups]
     consumers: list[list[WeightSlice]] = [[] for _ in state.groups]
-    norms: list[list[SubnetNorm]] = [[] for _ in state.groups]
+    norms: list[list[nn.Module]] = [[] for _ in state.groups]
     for m in model.modules():
         if isinstance(m, WeightSlice):
             if m.out_group is not None:
@@ -54,14 +56,22 @@ def reorder_channels(model: nn.Module) -> list[torch.Tensor]:
             # A grouped convolution is listed as a producer only: each output row reads its own group's inputs.
             if m.in_group is not None and not (isinstance(m, WeightSliceConv2d) and m.groups > 1):
                 consumers[m.in_group].append(m)
-        elif isinstance(m, SubnetNorm) and m.group is not None:
+        elif isinstance(m, (SubnetNorm, SubnetLayerNorm, SubnetGroupNorm)) and m.group is not None:
             norms[m.group].append(m)
     perms = []
     for g, group in enumerate(state.groups):
+        if any(isinstance(m, PackedSliceLinear) for m in producers[g]):
+            # Attention heads: channels may only move in whole heads, consistently in q, k and v; not done, so the
+            # heads keep their order. (nn.MultiheadAttention's heads have no WeightSlice layers: identity below.)
+            perms.append(torch.arange(group.full))
+            continue
         unit = 1
         for m in producers[g]:
             if isinstance(m, WeightSliceConv2d) and m.groups > 1:
                 unit = math.lcm(unit, m.out_channels // m.groups)
+        for m in norms[g]:
+            if isinstance(m, SubnetGroupNorm):  # its statistics are per group: move whole groups
+                unit = math.lcm(unit, m.num_channels // m.num_groups)
         importance = torch.zeros(group.full, dtype=torch.float64)
         for m in consumers[g]:
             w = m.weight.detach().abs().double()  # (out, in, ...) or (out, in)
@@ -78,7 +88,7 @@ def reorder_channels(model: nn.Module) -> list[torch.Tensor]:
         for m in consumers[g]:
             m.weight.copy_(m.weight[:, perm.to(m.weight.device)])
         for m in norms[g]:
-            for t in (m.weight, m.bias, m.running_mean, m.running_var):
+            for t in (m.weight, m.bias, getattr(m, "running_mean", None), getattr(m, "running_var", None)):
                 if t is not None:
                     t.copy_(t[perm.to(t.device)])
         perms.append(perm)

@@ -29,6 +29,9 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from .attention import is_attention
+from .slimmable_norm import is_group_norm, is_layer_norm
+
 # -- operation tables (by ``func.__name__``) -------------------------------------------------------------------------
 _UNARY = frozenset(
     """relu relu_ relu6 hardtanh hardtanh_ gelu gelu_ silu silu_ sigmoid sigmoid_ hardswish hardswish_ hardsigmoid
@@ -138,6 +141,7 @@ class ChannelTrace:
     call_counts: dict[str, int]
     producers: dict[int, tuple[str, tuple[int | None, ...]]]  # value id -> (op name, input value ids)
     output: Any
+    attentions: dict[str, int] = field(default_factory=dict)  # attention module path -> calls (heads sliceable)
 
 
 #: BatchNorm2d subclasses whose forward is BatchNorm2d's followed by their ``drop`` and ``act`` modules (by qualified
@@ -155,13 +159,18 @@ def _is_norm_act(module: nn.Module) -> bool:
 
 
 def sliceable_kind(module: nn.Module) -> str | None:
-    """ "conv" / "linear" / "norm" for the layers convert turns into operators, else None."""
+    """ "conv" / "linear" / "norm" (BatchNorm) / "layernorm" / "groupnorm" for the layers convert can turn into
+    operators, else None."""
     if type(module) is nn.Conv2d:
         return "conv"
     if type(module) is nn.Linear:
         return "linear"
     if type(module) is nn.BatchNorm2d or _is_norm_act(module):
         return "norm"
+    if is_layer_norm(module):
+        return "layernorm"
+    if is_group_norm(module):
+        return "groupnorm"
     return None
 
 
@@ -176,6 +185,11 @@ _OPAQUE_LEAVES = (
     nn.RNNBase,
 )
 
+#: Modules whose inference forward can run one fused kernel on their children's full Parameters instead of calling
+#: the children (``nn.TransformerEncoderLayer``'s fast path, taken in eval under no_grad but never inside the trace):
+#: slicing anything inside them would be silently ignored, so the trace treats them as one layer it cannot slice.
+_FUSED_FAST_PATH = (nn.TransformerEncoderLayer,)
+
 
 class _Recorder(TorchFunctionMode):
     def __init__(self, model: nn.Module) -> None:
@@ -186,6 +200,7 @@ class _Recorder(TorchFunctionMode):
         self.calls: list[ModuleCall] = []
         self.call_counts: dict[str, int] = {}
         self.producers: dict[int, tuple[str, tuple[int | None, ...]]] = {}
+        self.attentions: dict[str, int] = {}
         self._key: dict[int, int] = {}  # id(tensor) -> latest value id (in-place ops rebind)
         self._dims: dict[int, tuple[int | None, ...]] = {}
         self._alive: list[torch.Tensor] = []  # keeps ids unique for the whole trace
@@ -224,7 +239,7 @@ class _Recorder(TorchFunctionMode):
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         path = self.paths.get(id(module), "?")
         self.call_counts[path] = self.call_counts.get(path, 0) + 1
-        if self._leaf_depth or isinstance(module, _OPAQUE_LEAVES):
+        if self._leaf_depth or isinstance(module, (*_OPAQUE_LEAVES, *_FUSED_FAST_PATH)) or is_attention(module):
             self._leaf_depth += 1
             self._stack.append((module, None))
             return
@@ -252,8 +267,17 @@ class _Recorder(TorchFunctionMode):
         kind = sliceable_kind(module)
         outs = list(_tensors(output))
         in_keys = tuple(self.key(t) for t in inputs)
+        if is_attention(module):
+            # Its heads are its own channel group (subnetact.attention); it reads and writes the stream whole.
+            self.attentions[path] = self.attentions.get(path, 0) + 1
+            self.freeze_all(inputs, f"{type(module).__name__} at {path!r} reads them whole (it slices its heads)")
+            for t in outs:
+                self.bind(t, (None,) * t.dim(), type(module).__name__, in_keys)
+            return
         if kind is None or len(inputs) != 1 or len(outs) != 1:
             reason = f"{type(module).__name__} at {path!r} is not a layer convert can slice"
+            if isinstance(module, _FUSED_FAST_PATH):
+                reason += " (in inference its fast path runs one fused kernel on its layers' full weights)"
             self.freeze_all(inputs, reason)
             for t in outs:
                 self.bind(t, (None,) * t.dim(), type(module).__name__, in_keys)
@@ -262,6 +286,18 @@ class _Recorder(TorchFunctionMode):
         use = self.layers.setdefault(path, LayerUse(kind))
         use.calls += 1
         dims = list(self.dims(x))
+        if kind in ("layernorm", "groupnorm"):
+            # Slimmable semantics (subnetact.slimmable_norm): normalises over the active channels of its group;
+            # GroupNorm keeps whole groups of C / G channels.
+            channel = -1 if kind == "layernorm" else 1
+            g = dims[channel] if x.dim() >= 2 else None
+            if g is not None:
+                if kind == "groupnorm":
+                    unit = self.groups.new(x.shape[1], unit=module.num_channels // module.num_groups)
+                    g = dims[channel] = self.groups.union(g, unit, f"GroupNorm {path!r}")
+                use.ins.append(g)
+            self.bind(y, dims, kind, in_keys)
+            return
         if kind == "norm":
             if x.dim() != 4:
                 self.freeze_all([x], f"{type(module).__name__} at {path!r} got a {x.dim()}-D input")
@@ -479,7 +515,13 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
             if g is not None:
                 recorder.groups.freeze(g, "they reach the model's output")
     return ChannelTrace(
-        recorder.groups, recorder.layers, recorder.calls, recorder.call_counts, recorder.producers, output
+        recorder.groups,
+        recorder.layers,
+        recorder.calls,
+        recorder.call_counts,
+        recorder.producers,
+        output,
+        recorder.attentions,
     )
 
 

@@ -49,7 +49,7 @@ def _vit() -> nn.Module:
     from torchvision.models.vision_transformer import VisionTransformer
 
     return VisionTransformer(
-        image_size=32, patch_size=8, num_layers=3, num_heads=2, hidden_dim=32, mlp_dim=64, num_classes=10
+        image_size=32, patch_size=8, num_layers=3, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10
     )
 
 
@@ -95,6 +95,21 @@ ZOO: dict[str, ZooModel] = {
     "timm_convnext": ZooModel(partial(_timm, "convnext_atto"), IMAGE, depth=True, needs_timm=True),
     "timm_vit": ZooModel(
         partial(_timm, "vit_tiny_patch16_224", img_size=32, patch_size=8, depth=3), IMAGE, depth=True, needs_timm=True
+    ),
+    # LayerNorms over the attention output and the MLP hidden units: sliced with the heads / hidden units
+    "timm_vit_scale_norm": ZooModel(
+        partial(
+            _timm,
+            "vit_tiny_patch16_224",
+            img_size=32,
+            patch_size=8,
+            depth=2,
+            scale_attn_norm=True,
+            scale_mlp_norm=True,
+        ),
+        IMAGE,
+        depth=True,
+        needs_timm=True,
     ),
 }
 

@@ -14,7 +14,7 @@ Space of a converted model with ``L`` layers:
 Hidden size, embeddings and LayerNorms are not sliced. No custom attention operator is needed where a family
 reshapes q/k/v as ``view(B, T, -1, head_size)`` (all but DeBERTa-v2): narrower projections simply give fewer heads,
 with any attention implementation (eager, sdpa, ...). A family with ``head_count_per_subnet`` (DeBERTa-v2) gets
-:class:`~subnetact.hf.head_count.HeadCount` on its attention. Every family is verified on the model before anything
+:class:`~subnetact.head_count.HeadCount` on its attention. Every family is verified on the model before anything
 changes (:mod:`subnetact.hf.verify`).
 """
 
@@ -31,11 +31,11 @@ from torch import nn
 from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
+from ..head_count import head_count_factory
 from ..layer_select import EVERY_OTHER
 from ..space import Entry
 from ..state import ChannelGroup, Plan
 from .families import _BY_LAYER_CLASS, _FAMILIES, TransformerFamily, all_layer_parts, find_layers
-from .head_count import head_count_factory
 from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}

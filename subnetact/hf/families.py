@@ -36,7 +36,7 @@ class TransformerFamily:
             has them (DeBERTa-v2's relative-position ``pos_key_proj`` / ``pos_query_proj``).
         head_count_per_subnet: the attention reshapes q/k/v by its ``heads_attr`` (DeBERTa-v2) rather than by head
             size; the converted attention then reads that attribute from the active subnet
-            (:mod:`subnetact.hf.head_count`).
+            (:mod:`subnetact.head_count`).
     """
 
     name: str
@@ -210,7 +210,7 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
             f"{path} ({type(layer).__qualname__}) has no submodule {family.attention!r} "
             f"({family.name} layout expected)"
         ) from None
-    from .head_count import HeadCount
+    from ..head_count import HeadCount
 
     # A converted HeadCount attention answers its heads_attr with the active subnet's count; the supernet's is in
     # its __dict__.

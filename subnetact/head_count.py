@@ -1,11 +1,12 @@
-"""``HeadCount``: an attention module whose head-count attribute follows the active subnet (DeBERTa-v2).
+"""``HeadCount``: an attention module whose head-count attribute follows the active subnet (DeBERTa-v2, timm's ViT).
 
 Most Hugging Face attentions reshape q/k/v as ``view(B, T, -1, head_size)``, so narrower projections are fewer heads
 by themselves. DeBERTa-v2's ``DisentangledSelfAttention`` reshapes by its ``num_attention_heads`` attribute
 instead (``view(B, T, num_attention_heads, -1)``, and again around its relative-position scores). Converting such an
 attention swaps its class, in place, for a subclass in which that attribute is a read-only property returning the
 active subnet's head count for this layer, read from the plan like any operator's entry; the module's own forward
-runs unchanged. Its children (the projections) are converted as usual.
+runs unchanged. Its children (the projections) are converted as usual. timm's ``Attention`` (one fused ``qkv``
+projection) gets the same treatment from the traced analysis, see :mod:`subnetact.attention`.
 
 Shapes: whatever the attention takes and returns; the heads are ``entry`` of ``H`` whole heads.
 """
@@ -17,8 +18,8 @@ from collections.abc import Callable
 
 from torch import nn
 
-from ..config import SubnetConfig
-from ..operator import Operator
+from .config import SubnetConfig
+from .operator import Operator
 
 
 class HeadCount(Operator):
@@ -100,3 +101,19 @@ def head_count_factory(
         return attention
 
     return factory
+
+
+def head_count_copy(
+    attention: nn.Module, group: int, head_size: int, heads_attr: str, all_head_size_attr: str | None
+) -> nn.Module:
+    """A copy of ``attention`` whose class is the head-count subclass; the original object is left untouched.
+
+    The copy shares the Parameters and child modules but has its own containers, so replacing its children with
+    operators (and a rollback putting the original back) never changes the original module.
+    """
+    cls = head_count_class(type(attention), heads_attr, all_head_size_attr)
+    new = cls.__new__(cls)
+    new.__dict__ = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in attention.__dict__.items()}
+    new.group, new.head_size = group, head_size
+    new.heads_attr, new.all_head_size_attr = heads_attr, all_head_size_attr
+    return new

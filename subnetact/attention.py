@@ -1,0 +1,473 @@
+"""Elastic attention heads of packed projections: ``nn.MultiheadAttention`` and fused-``qkv`` attentions (timm).
+
+A subnet keeps the first ``h`` of an attention's ``H`` heads: the q, k and v rows of those heads (the first
+``h * head_dim`` rows of each of the three packed parts) and the matching input columns of the output projection.
+The head count is a channel group of ``H * head_dim`` channels in whole heads, actuated like every group: the plan
+holds the sliced views, the forward reads its entry.
+
+- ``nn.MultiheadAttention`` becomes :class:`SubnetMultiheadAttention`. At the full head count it runs
+  ``nn.MultiheadAttention.forward`` itself (fast path included), so the largest subnet is the original bit for bit;
+  with fewer heads it runs :func:`narrow_attention` on the sliced views. Its export with fewer heads is a
+  :class:`NarrowMultiheadAttention`: ``nn.MultiheadAttention`` cannot express it, because its heads always span
+  ``embed_dim`` channels, which is also its input and output width (the residual stream), so no choice of
+  ``embed_dim`` / ``num_heads`` / ``kdim`` / ``vdim`` gives ``h * head_dim < embed_dim``. The narrow class is a
+  subclass of ``nn.MultiheadAttention`` with the same parameter names, smaller ``in_proj_weight`` and ``out_proj``.
+- An attention registered with :func:`register_packed_attention` (timm's ``vision_transformer.Attention``, built in)
+  keeps its own forward: its class is swapped, in a copy, for a :class:`~subnetact.head_count.HeadCount` subclass
+  whose head-count attributes follow the subnet, its ``qkv`` layer becomes a :class:`PackedSliceLinear` and its
+  output projection a :class:`~subnetact.weight_slice.WeightSliceLinear`. Its export is the same class with fewer
+  heads (``num_heads``, ``attn_dim`` and the layers' sizes; ``head_dim`` unchanged).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._registry import qualified_name
+from .config import SubnetConfig
+from .errors import ConfigError
+from .head_count import head_count_copy
+from .operator import Operator
+from .slimmable_norm import SubnetLayerNorm, is_layer_norm
+from .weight_slice import WeightSlice
+
+
+@dataclass(frozen=True)
+class PackedAttention:
+    """Where an attention module with one fused q/k/v projection keeps its parts.
+
+    The module's forward must reshape the ``qkv`` output as ``(..., 3, heads, head_dim)`` using the ``heads_attr``
+    attribute (and ``attn_dim_attr`` for the width of the attention output), as timm's ``Attention`` does.
+
+    Args:
+        qkv: the ``nn.Linear`` producing ``3 * heads * head_dim`` channels (q, k, v, each head-major).
+        proj: the ``nn.Linear`` reading the ``heads * head_dim`` attention output.
+        heads_attr / head_dim_attr: the module's attributes holding the head count and the head size.
+        attn_dim_attr: the attribute holding ``heads * head_dim`` (None if the module has none).
+        head_producers: further ``nn.Linear`` children producing one channel per attention-output channel (timm's
+            ``gate``); sliced like q/k/v. A missing or None child is skipped.
+        head_norms: children normalising the attention output (timm's ``norm``, a LayerNorm when ``scale_norm=True``):
+            ``nn.Identity``, None, or a LayerNorm over its ``heads * head_dim`` channels, which becomes a
+            :class:`~subnetact.slimmable_norm.SubnetLayerNorm` normalising over the active heads' channels.
+    """
+
+    qkv: str = "qkv"
+    proj: str = "proj"
+    heads_attr: str = "num_heads"
+    head_dim_attr: str = "head_dim"
+    attn_dim_attr: str | None = "attn_dim"
+    head_producers: tuple[str, ...] = ()
+    head_norms: tuple[str, ...] = ()
+
+
+#: class or ``"module.QualName"`` -> spec; exact classes only (a subclass may compute differently). Built-ins:
+#: subnetact/rules/timm_vit.py.
+_PACKED: dict[type | str, PackedAttention] = {}
+
+
+def register_packed_attention(module_type: type | str, spec: PackedAttention) -> None:
+    """Make the traced analysis of :func:`subnetact.convert` slice the heads of ``module_type`` (a class or its
+    ``"module.QualName"``; exactly that class, not its subclasses) as ``spec`` describes."""
+    if not isinstance(spec, PackedAttention):
+        raise ConfigError(f"spec={spec!r} must be a subnetact.attention.PackedAttention")
+    if not isinstance(module_type, (type, str)):
+        raise ConfigError(f"module_type={module_type!r} must be a class or a 'module.QualName' string")
+    _PACKED[module_type] = spec
+
+
+def _packed_spec(module: nn.Module) -> PackedAttention | None:
+    cls = type(module)
+    return _PACKED.get(cls) or _PACKED.get(qualified_name(cls))
+
+
+def is_attention(module: nn.Module) -> bool:
+    """Whether the trace treats ``module`` as an attention with elastic heads (one node; its inside is not traced)."""
+    return type(module) is nn.MultiheadAttention or _packed_spec(module) is not None
+
+
+def head_layout(module: nn.Module) -> tuple[int, int] | str:
+    """``(heads, head_dim)`` of an attention whose heads can be sliced, else the reason they cannot."""
+    name = type(module).__name__
+    if isinstance(module, nn.MultiheadAttention):
+        if module.bias_k is not None or module.add_zero_attn:
+            return f"{name} with add_bias_kv / add_zero_attn keeps its heads whole"
+        heads, head_dim = module.num_heads, module.head_dim
+    else:
+        spec = _packed_spec(module)
+        heads, head_dim = getattr(module, spec.heads_attr, None), getattr(module, spec.head_dim_attr, None)
+        if not isinstance(heads, int) or not isinstance(head_dim, int):
+            return f"{name} has no int {spec.heads_attr!r} / {spec.head_dim_attr!r}"
+        width = heads * head_dim
+        layers = {spec.qkv: 3 * width, **dict.fromkeys(spec.head_producers, width)}
+        for child, size in layers.items():
+            layer = getattr(module, child, None)
+            if layer is None and child in spec.head_producers:
+                continue
+            if type(layer) is not nn.Linear or layer.out_features != size:
+                return f"{name}.{child} is not an nn.Linear with {size} outputs"
+        proj = getattr(module, spec.proj, None)
+        if type(proj) is not nn.Linear or proj.in_features != width:
+            return f"{name}.{spec.proj} is not an nn.Linear reading {width} channels"
+        if spec.attn_dim_attr is not None and getattr(module, spec.attn_dim_attr, None) != width:
+            return f"{name}.{spec.attn_dim_attr} is not {width}"
+        for child in spec.head_norms:
+            norm = getattr(module, child, None)
+            if isinstance(norm, (nn.Identity, type(None))):
+                continue
+            if not is_layer_norm(norm) or norm.normalized_shape[0] != width:
+                return f"{name}.{child} ({type(norm).__name__}) reads the attention output whole"
+    if heads < 2:
+        return f"{name} has {heads} head"
+    return heads, head_dim
+
+
+def attention_operators(
+    module: nn.Module, path: str, group: int
+) -> tuple[dict[str, Callable[[nn.Module], nn.Module]], dict[str, tuple[int | None, int | None]]]:
+    """The plan entries converting the attention at ``path`` with heads channel group ``group``: ``(custom
+    factories, layer slices)`` for :class:`~subnetact.extend.ConversionPlan` (factories run in order, parents
+    first)."""
+    prefix = f"{path}." if path else ""
+    if isinstance(module, nn.MultiheadAttention):
+        return {path: lambda m: SubnetMultiheadAttention.from_module(m, group)}, {}
+    spec = _packed_spec(module)
+    head_dim = getattr(module, spec.head_dim_attr)
+    custom: dict[str, Callable[[nn.Module], nn.Module]] = {
+        path: lambda m: head_count_copy(m, group, head_dim, spec.heads_attr, spec.attn_dim_attr),
+        prefix + spec.qkv: lambda m: PackedSliceLinear.from_module(m, 3, group),
+    }
+    slices: dict[str, tuple[int | None, int | None]] = {prefix + spec.proj: (None, group)}
+    for child in spec.head_producers:
+        if getattr(module, child, None) is not None:
+            slices[prefix + child] = (group, None)
+    for child in spec.head_norms:
+        if is_layer_norm(getattr(module, child, None) or nn.Identity()):
+            custom[prefix + child] = lambda m: SubnetLayerNorm.from_module(m, group)
+    return custom, slices
+
+
+class PackedSliceLinear(WeightSlice, nn.Linear):
+    """``nn.Linear`` whose output packs ``chunks`` equal parts (q, k and v); each part keeps its first k rows.
+
+    Shapes: ``x`` (..., in) -> (..., chunks * k); at the full width exactly ``nn.Linear``'s output. Each part's rows
+    are a contiguous prefix of that part, so each part is one ``F.linear`` on an in-place view; the parts are
+    concatenated (one copy of the output, not of the weight).
+    """
+
+    chunks: int
+
+    @classmethod
+    def from_module(cls, linear: nn.Linear, chunks: int, out_group: int) -> PackedSliceLinear:
+        if linear.out_features % chunks:
+            raise ConfigError(f"{linear.out_features} outputs cannot be split into chunks={chunks} equal parts")
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        new._takes_over(linear)
+        new.chunks, new.out_group, new.in_group = chunks, out_group, None
+        return new
+
+    def _parts(self, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        part = self.out_features // self.chunks
+        weights = [self.weight[i * part : i * part + k] for i in range(self.chunks)]
+        biases = [None if self.bias is None else self.bias[i * part : i * part + k] for i in range(self.chunks)]
+        return weights, biases
+
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple | None:
+        k = sizes[self.out_group]
+        return None if k * self.chunks == self.out_features else (k, *self._parts(k))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        entry = self._subnetact_state.current().entries[self._op_index]
+        if entry is None:
+            return F.linear(x, self.weight, self.bias)
+        k, weights, biases = entry
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            weights, biases = self._parts(k)  # planned views were made under no_grad
+        return torch.cat([F.linear(x, w, b) for w, b in zip(weights, biases)], dim=-1)
+
+    def to_dense(self, entry: tuple | None) -> nn.Linear:
+        k = self.out_features // self.chunks if entry is None else entry[0]
+        weights, biases = self._parts(k)
+        with torch.device("meta"):
+            dense = nn.Linear(self.in_features, self.chunks * k, bias=self.bias is not None)
+        dense.weight = nn.Parameter(torch.cat(weights).detach().clone(), requires_grad=self.weight.requires_grad)
+        if self.bias is not None:
+            dense.bias = nn.Parameter(torch.cat(biases).detach().clone(), requires_grad=self.bias.requires_grad)
+        dense.training = self.training
+        return dense
+
+    def to_base(self) -> nn.Linear:
+        with torch.device("meta"):
+            base = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        base.weight, base.bias, base.training = self.weight, self.bias, self.training
+        return base
+
+    def extra_repr(self) -> str:
+        return f"{nn.Linear.extra_repr(self)}, chunks={self.chunks}, out_group={self.out_group}"
+
+
+# -- nn.MultiheadAttention ----------------------------------------------------------------------------------------
+def _float_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask (True: do not attend) as an additive float mask, as ``nn.MultiheadAttention`` reads it."""
+    if mask is None or mask.is_floating_point():
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+
+
+def narrow_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    weights: tuple[torch.Tensor, ...],
+    biases: tuple[torch.Tensor | None, ...],
+    out_weight: torch.Tensor,
+    out_bias: torch.Tensor | None,
+    heads: int,
+    head_dim: int,
+    *,
+    batch_first: bool,
+    key_padding_mask: torch.Tensor | None = None,
+    need_weights: bool = True,
+    attn_mask: torch.Tensor | None = None,
+    average_attn_weights: bool = True,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``nn.MultiheadAttention``'s computation with ``heads`` heads of ``head_dim`` channels, whatever the width of
+    the input and output: the semantics of ``F.multi_head_attention_forward`` (masks, ``is_causal`` hint, returned
+    weights), on projections ``weights`` = (q, k, v) of shape ``(heads * head_dim, E_q / E_k / E_v)``.
+
+    Shapes: ``query`` (B, L, E) if ``batch_first`` else (L, B, E), or (L, E) unbatched; ``key`` / ``value`` likewise
+    with S positions. Returns the output (same layout, ``out_weight.shape[0]`` channels) and the attention weights
+    (B, L, S) averaged over heads, or (B, heads, L, S), or None if not ``need_weights``.
+    """
+    batched = query.dim() == 3
+    if not batched:
+        query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.unsqueeze(0)
+    elif not batch_first:
+        query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+    b, n_q, n_k = query.shape[0], query.shape[1], key.shape[1]
+    if attn_mask is not None and attn_mask.dim() != 2:
+        raise ConfigError(
+            f"attn_mask of shape {tuple(attn_mask.shape)}: an attention running {heads} heads of a supernet takes a "
+            "2-D (L, S) mask only (a per-head mask is laid out for the supernet's head count)"
+        )
+    if is_causal and attn_mask is None:
+        raise RuntimeError("Need attn_mask if specifying the is_causal hint.")
+    dtype = query.dtype
+    kpm = _float_mask(key_padding_mask, dtype)
+    if is_causal and kpm is None and not need_weights:
+        mask = None  # the hint goes to scaled_dot_product_attention as is_causal, as nn.MultiheadAttention does
+    else:
+        mask = _float_mask(attn_mask, dtype)
+        if kpm is not None:
+            is_causal = False
+            kpm = kpm.view(b, 1, 1, n_k)
+            mask = kpm if mask is None else mask + kpm
+    q = F.linear(query, weights[0], biases[0]).view(b, n_q, heads, head_dim).transpose(1, 2)  # (B, h, L, d)
+    k = F.linear(key, weights[1], biases[1]).view(b, n_k, heads, head_dim).transpose(1, 2)  # (B, h, S, d)
+    v = F.linear(value, weights[2], biases[2]).view(b, n_k, heads, head_dim).transpose(1, 2)  # (B, h, S, d)
+    attention = None
+    if need_weights:
+        scores = (q * math.sqrt(1.0 / head_dim)) @ k.transpose(-2, -1)  # (B, h, L, S)
+        if mask is not None:
+            scores = scores + mask
+        attention = scores.softmax(dim=-1)
+        if dropout_p > 0.0:
+            attention = F.dropout(attention, p=dropout_p)
+        out = attention @ v  # (B, h, L, d)
+        if average_attn_weights:
+            attention = attention.mean(dim=1)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, mask, dropout_p, is_causal)
+    out = F.linear(out.transpose(1, 2).reshape(b, n_q, heads * head_dim), out_weight, out_bias)  # (B, L, E)
+    if not batched:
+        return out.squeeze(0), None if attention is None else attention.squeeze(0)
+    return (out if batch_first else out.transpose(0, 1)), attention
+
+
+def _mha_parts(mha: nn.MultiheadAttention, k: int) -> tuple[tuple, tuple]:
+    """The (q, k, v) weight rows and biases of the first ``k`` head channels (views of the parameters)."""
+    e = mha.embed_dim
+    if mha._qkv_same_embed_dim:
+        w = mha.in_proj_weight
+        weights = (w[:k], w[e : e + k], w[2 * e : 2 * e + k])
+    else:
+        weights = (mha.q_proj_weight[:k], mha.k_proj_weight[:k], mha.v_proj_weight[:k])
+    b = mha.in_proj_bias
+    biases = (None, None, None) if b is None else (b[:k], b[e : e + k], b[2 * e : 2 * e + k])
+    return weights, biases
+
+
+def _copy_as(module: nn.Module, cls: type) -> nn.Module:
+    """A shallow copy of ``module`` of class ``cls``: same Parameters and children, its own containers."""
+    new = cls.__new__(cls)
+    new.__dict__ = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in module.__dict__.items()}
+    return new
+
+
+def _cloned(p: torch.Tensor | None) -> nn.Parameter | None:
+    return None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
+
+
+class NarrowMultiheadAttention(nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` whose ``num_heads * head_dim`` channels are fewer than its ``embed_dim`` (the export
+    of a :class:`SubnetMultiheadAttention` running fewer heads; see the module docstring for why the base class
+    cannot express it).
+
+    Same attributes and parameter names as the base class; ``in_proj_weight`` is ``(3 * num_heads * head_dim,
+    embed_dim)`` (or ``q/k/v_proj_weight`` of ``num_heads * head_dim`` rows each), ``out_proj`` reads
+    ``num_heads * head_dim`` channels. Same forward signature and outputs; ``attn_mask`` must be 2-D.
+
+    Shapes: as ``nn.MultiheadAttention``.
+    """
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        width = self.num_heads * self.head_dim
+        if self._qkv_same_embed_dim:
+            weights = tuple(self.in_proj_weight.split(width))
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        b = self.in_proj_bias
+        biases = (None, None, None) if b is None else tuple(b.split(width))
+        return narrow_attention(
+            query,
+            key,
+            value,
+            weights,
+            biases,
+            self.out_proj.weight,
+            self.out_proj.bias,
+            self.num_heads,
+            self.head_dim,
+            batch_first=self.batch_first,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            attn_mask=attn_mask,
+            average_attn_weights=average_attn_weights,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+
+
+class SubnetMultiheadAttention(Operator, nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` running the first ``h`` of its heads (see the module docstring).
+
+    ``group``: the heads channel group (``embed_dim`` channels in whole heads of ``head_dim``). Entry: None at the
+    full head count (the base class's forward runs), else ``(h, (q, k, v) weight views, biases, out_proj weight
+    view)``.
+
+    Shapes: as ``nn.MultiheadAttention``.
+    """
+
+    group: int
+
+    @classmethod
+    def from_module(cls, mha: nn.MultiheadAttention, group: int) -> SubnetMultiheadAttention:
+        """A copy of ``mha`` holding the same Parameters and ``out_proj`` (``mha`` itself is not changed)."""
+        new = _copy_as(mha, cls)
+        new.group = group
+        return new
+
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple | None:
+        k = sizes[self.group]
+        if k == self.embed_dim:
+            return None
+        return (k // self.head_dim, *_mha_parts(self, k), self.out_proj.weight[:, :k])
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        entry = self._subnetact_state.current().entries[self._op_index]
+        if entry is None:
+            return nn.MultiheadAttention.forward(
+                self, query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
+            )
+        heads, weights, biases, out_weight = entry
+        if torch.is_grad_enabled() and self.out_proj.weight.requires_grad:
+            k = heads * self.head_dim  # planned views were made under no_grad
+            (weights, biases), out_weight = _mha_parts(self, k), self.out_proj.weight[:, :k]
+        return narrow_attention(
+            query,
+            key,
+            value,
+            weights,
+            biases,
+            out_weight,
+            self.out_proj.bias,
+            heads,
+            self.head_dim,
+            batch_first=self.batch_first,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            attn_mask=attn_mask,
+            average_attn_weights=average_attn_weights,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+
+    def export_dense(self, entry: tuple | None, rebuild: Callable[[nn.Module], nn.Module]) -> nn.Module:
+        """An independent ``nn.MultiheadAttention`` (all heads) or :class:`NarrowMultiheadAttention` (fewer)."""
+        k = self.embed_dim if entry is None else entry[0] * self.head_dim
+        dense = _copy_as(self, nn.MultiheadAttention if entry is None else NarrowMultiheadAttention)
+        for name in ("group", "_op_index", "_subnetact_state"):
+            dense.__dict__.pop(name, None)
+        (wq, wk, wv), (bq, bk, bv) = _mha_parts(self, k)
+        params = dict.fromkeys(self._parameters)
+        if self._qkv_same_embed_dim:
+            params["in_proj_weight"] = _cloned(torch.cat([wq, wk, wv]))
+        else:
+            params.update(q_proj_weight=_cloned(wq), k_proj_weight=_cloned(wk), v_proj_weight=_cloned(wv))
+        if self.in_proj_bias is not None:
+            params["in_proj_bias"] = _cloned(torch.cat([bq, bk, bv]))
+        for name in params:
+            if params[name] is None and self._parameters[name] is not None:
+                params[name] = _cloned(self._parameters[name])  # bias_k / bias_v (not sliced: refused by convert)
+        dense._parameters = params
+        dense._buffers = {n: None if b is None else b.detach().clone() for n, b in self._buffers.items()}
+        out = self.out_proj
+        with torch.device("meta"):
+            proj = type(out)(k, out.out_features, bias=out.bias is not None)
+        proj.weight = _cloned(out.weight[:, :k])
+        proj.bias = _cloned(out.bias)
+        proj.training = out.training
+        dense._modules = {**{n: rebuild(m) for n, m in self._modules.items() if m is not None}, "out_proj": proj}
+        if entry is not None:
+            dense.num_heads = entry[0]
+        return dense
+
+    def to_base(self) -> nn.MultiheadAttention:
+        base = _copy_as(self, nn.MultiheadAttention)
+        for name in ("group", "_op_index", "_subnetact_state"):
+            base.__dict__.pop(name, None)
+        return base
+
+    def extra_repr(self) -> str:
+        return f"group={self.group}"
