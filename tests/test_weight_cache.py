@@ -44,21 +44,24 @@ def copies(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    "name, budget, unfold_rows",
+    "name, budget, unfold_rows, pointwise_min",
     [
-        ("basic", None, weight_slice.UNFOLD_MAX_ROWS),
-        ("bottleneck", None, weight_slice.UNFOLD_MAX_ROWS),
-        ("resnext", None, weight_slice.UNFOLD_MAX_ROWS),
-        ("bottleneck", 0, 0),
-        ("bottleneck", 0, 10**9),
-        ("basic", 1000, 0),
-        ("bottleneck", 1000, 10**9),
+        ("basic", None, weight_slice.UNFOLD_MAX_ROWS, weight_slice.POINTWISE_MIN_ELEMENTS),
+        ("bottleneck", None, weight_slice.UNFOLD_MAX_ROWS, weight_slice.POINTWISE_MIN_ELEMENTS),
+        ("resnext", None, weight_slice.UNFOLD_MAX_ROWS, weight_slice.POINTWISE_MIN_ELEMENTS),
+        ("bottleneck", 0, 0, 0),
+        ("bottleneck", 0, 10**9, 0),
+        ("basic", 1000, 0, 0),
+        ("bottleneck", 1000, 10**9, 0),
+        ("bottleneck", None, 0, 0),
     ],
 )
-def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, monkeypatch):
+def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, pointwise_min, monkeypatch):
     # budget 0: views (or unfold + GEMM); 1000 MB: every slice copied; default: some. unfold_rows=0 never takes
-    # the unfold path, 10**9 always (where no copy is held).
+    # the unfold path, 10**9 always (where no copy is held). pointwise_min=0 copies 1x1 slices too (the tiny
+    # models' are all below the real threshold), run as convolutions on the copy.
     monkeypatch.setattr(weight_slice, "UNFOLD_MAX_ROWS", unfold_rows)
+    monkeypatch.setattr(weight_slice, "POINTWISE_MIN_ELEMENTS", pointwise_min)
     model, subnets = served_model(name)
     model.set_weight_cache(budget)
     x = image_batch(3)
@@ -68,6 +71,8 @@ def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, monke
     assert info.used_bytes <= info.budget_bytes
     if budget == 0:
         assert info.used_bytes == 0 and copies(model) == []
+    if budget == 1000 and pointwise_min == 0:  # every slice copied, 1x1 ones included
+        assert any(t.shape[2:] == (1, 1) for t in copies(model))
 
 
 def test_copies_are_contiguous_slices_of_the_weight_and_fill_only_for_registered_subnets():
