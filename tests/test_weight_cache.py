@@ -71,7 +71,7 @@ def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, point
     assert info.used_bytes <= info.budget_bytes
     if budget == 0:
         assert info.used_bytes == 0 and copies(model) == []
-    if budget == 1000 and pointwise_min == 0:  # every slice copied, 1x1 ones included
+    if name == "bottleneck" and budget == 1000 and pointwise_min == 0:  # every slice copied, 1x1 ones included
         assert any(t.shape[2:] == (1, 1) for t in copies(model))
 
 
