@@ -9,12 +9,15 @@ actuated layer run exactly the extracted layer's kernel on exactly the extracted
 
 The copies cost memory, which is the point of a supernet to save, so they are kept only for registered subnets
 (the served set, see :func:`subnetact.calibrate`) and only within a budget the user sets
-(``model.set_weight_cache(mb)``). When a subnet needs room, the copies of the least recently run registered subnets
-are evicted first; a copy shared by several subnets (same layer, same slice) is stored once and kept while any
-admitted subnet uses it. What does not fit runs on the view, as without a cache.
+(``subnetact.convert(..., weight_cache_mb=)``, ``model.set_weight_cache(mb)``; ``subnetact.save`` / ``load`` keep
+a budget the user set). When a subnet needs room, the copies of the least recently run registered subnets are
+evicted first, behind a recency guard (see the comment at the top of the code); a copy shared by several subnets
+(same layer, same slice) is stored once and kept while any admitted subnet uses it. What does not fit runs on the
+view, as without a cache.
 
-Actuation stays O(1): ``actuate`` never copies. A registered subnet's copies are made by its first forward after
-actuation (under a lock), the same copy its view would cost that forward anyway.
+Actuation stays O(1): ``actuate`` never copies. A registered subnet's copies are made by a forward after actuation
+(its first, or its second in a row when it has to evict others; under a lock), the same copy its view would cost
+that forward anyway.
 
 Correctness: a copy is used only in eval mode, and never when autograd records (grad enabled and the weight
 requires grad): training always reads the shared Parameter. Each copy remembers the version counter and storage of
