@@ -16,6 +16,13 @@ The model is multiplicative, in log space::
   identifiable from one worker's samples (a worker that only ever runs one entry could be slow, or that entry could
   be mis-profiled), so the offsets also shrink slowly towards 0: an offset survives only while the data keep asking
   for it, and a common slowdown ends up in the worker factor, which also scales the entries never measured.
+- ``tail`` is each worker's live spread: an online estimate (stochastic quantile, step ``tail_step``) of the 98th
+  percentile of the log ratio measured / estimated. The published **p99** of an entry is the larger of the prior's
+  p99 (scaled like the mean) and the estimated mean times ``exp(tail)`` of the most spread-out worker. This matters on
+  a shared CPU: a descheduled thread (CPU steal) makes a few batches take several times longer while most run at
+  profiled speed. The median, and so the worker factor, barely moves, but a policy planning with p99 must see the
+  tail or it plans batches that finish late (reproduced in the simulator with an intermittent
+  :class:`~scheduling.Interference`). Policies planning with the mean are unaffected.
 - Each update moves the state by at most ``clip`` in log space and by at most half the way to the new sample, so one
   outlier cannot swing the plan; timings that are not finite, not positive, or more than ``max_ratio`` away from the
   profile are ignored and counted in :attr:`LatencyModel.rejected`.
@@ -79,6 +86,10 @@ class LatencyModel:
         tolerance: Relative change of an estimate that triggers a re-plan (default 0.02, i.e. 2 %).
         max_ratio: Timings more than this factor above or below the profile are ignored as absurd (default 20).
         clip: Largest change, in log space, that one sample may cause (default ``log(2)``).
+        tail_quantile: Quantile of the live spread that sets the published p99 (default 0.98).
+        tail_step: Step of the tail's stochastic-quantile update, in log space (default 0.05): a sample above the
+            estimate raises it by ``tail_step * tail_quantile``, one below lowers it by ``tail_step * (1 -
+            tail_quantile)``, so it rises within tens of slow samples and decays over hundreds of normal ones.
 
     Example::
 
@@ -105,6 +116,8 @@ class LatencyModel:
         tolerance: float = 0.02,
         max_ratio: float = 20.0,
         clip: float = math.log(2.0),
+        tail_quantile: float = 0.98,
+        tail_step: float = 0.05,
     ) -> None:
         if not isinstance(profile, Profile):
             raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
@@ -120,6 +133,8 @@ class LatencyModel:
         if self.max_ratio <= 1.0:
             raise InvalidRequestError(f"max_ratio must be > 1, got {max_ratio!r}")
         self.clip = _positive("clip", clip)
+        self.tail_quantile = _positive("tail_quantile", tail_quantile, upper=1.0)
+        self.tail_step = _positive("tail_step", tail_step)
         self._tau = self.halflife_s / math.log(2.0)
         self._entry_rate = self.halflife_s / self.entry_halflife_s  # entry step = worker step * this
         # Per subnet: sorted profiled batch sizes and their mean latencies, for interpolating partial batches.
@@ -136,7 +151,8 @@ class LatencyModel:
     def reset(self) -> None:
         """Forget everything measured: estimates go back to the prior profile and counters to zero."""
         self._entry: dict[tuple[SubnetId, int], float] = {}
-        self._worker: dict[Hashable, list[float]] = {}  # worker -> [log factor, time of its last sample]
+        self._worker: dict[Hashable, list[float]] = {}  # worker -> [log factor, time of its last sample, log tail]
+        self._published_tail = 0.0
         self._published_entry: dict[tuple[SubnetId, int], float] = {}
         self._published_base = 0.0
         self._scale: dict[Hashable, float] = {}
@@ -206,12 +222,19 @@ class LatencyModel:
         state = self._worker.get(worker)
         if state is None:
             # A new worker starts from the fastest known worker's factor (the table's base), not from the prior.
-            state = self._worker[worker] = [self._published_base, now]
+            state = self._worker[worker] = [self._published_base, now, 0.0]
             alpha = 0.5
         else:
             dt = now - state[1]
             alpha = min(0.5, -math.expm1(-max(dt, 0.0) / self._tau))
             state[1] = max(state[1], now)
+        # Tail: stochastic quantile of this sample's surprise (log measured / estimated, before the update), >= 0 (the
+        # prior's own spread is kept anyway); it moves by a fixed step, so one outlier shifts it by tail_step at most.
+        surprise = r - d - state[0]
+        if surprise > state[2]:
+            state[2] += self.tail_step * self.tail_quantile
+        elif state[2] > 0.0:
+            state[2] = max(0.0, state[2] - self.tail_step * (1.0 - self.tail_quantile))
         step = alpha * (r - d - state[0])
         state[0] += clip if step > clip else -clip if step < -clip else step
         self._scale.pop(worker, None)
@@ -227,7 +250,7 @@ class LatencyModel:
                 self._dirty = True
 
         base = min(s[0] for s in self._worker.values())
-        if abs(base - self._published_base) > self.tolerance:
+        if abs(base - self._published_base) > self.tolerance or abs(state[2] - self._published_tail) > self.tolerance:
             self._dirty = True
         return self._dirty and now >= self._next_refresh
 
@@ -241,6 +264,14 @@ class LatencyModel:
         """How much slower than the prior ``worker`` currently runs (1.0 for a worker never measured)."""
         state = self._worker.get(worker)
         return math.exp(state[0]) if state is not None else 1.0
+
+    def tail(self, worker: Hashable | None = None) -> float:
+        """Live spread of ``worker`` (``None``: the most spread-out worker): the estimated 98th-percentile ratio of a
+        batch's service time to its estimated mean (>= 1; 1.0 for a worker never measured)."""
+        if worker is None:
+            return math.exp(max((s[2] for s in self._worker.values()), default=0.0))
+        state = self._worker.get(worker)
+        return math.exp(state[2]) if state is not None else 1.0
 
     def estimate(self, subnet_id: SubnetId, batch_size: int, *, worker: Hashable | None = None) -> float:
         """Current mean-latency estimate (seconds) of a profiled entry on ``worker`` (``None``: the fastest worker).
@@ -274,9 +305,12 @@ class LatencyModel:
         """Publish the current estimates as a :class:`~scheduling.Profile` for ``policy.update_profile``.
 
         Every entry's mean, p99 and std are the prior's times the entry's factor (its offset and the fastest
-        worker's factor), then raised where needed so that P1 and P2 hold wherever the prior satisfies them.
+        worker's factor), then raised where needed so that P1 and P2 hold wherever the prior satisfies them; the p99
+        is then at least the mean times the live spread of the most spread-out worker (:meth:`tail`).
         """
         base = min((s[0] for s in self._worker.values()), default=0.0)
+        log_tail = max((s[2] for s in self._worker.values()), default=0.0)
+        spread = math.exp(log_tail)
         est: dict[SubnetId, dict[int, float]] = {}
         for s in self.prior.subnets:
             entry = self._entry
@@ -288,11 +322,13 @@ class LatencyModel:
             for b, st in s.latency.items():
                 mean = est[s.id][b]
                 f = mean / st.mean_s
-                lat[b] = LatencyStats(mean, st.p99_s * f, None if st.std_s is None else st.std_s * f)  # type: ignore[operator]
+                p99 = max(st.p99_s * f, mean * spread)  # type: ignore[operator]
+                lat[b] = LatencyStats(mean, p99, None if st.std_s is None else st.std_s * f)
             subnets.append(Subnet(s.id, s.accuracy, lat, s.config))
         profile = Profile(tuple(subnets), name=self.prior.name, metadata=self.prior.metadata)
         self._published_entry = dict(self._entry)
         self._published_base = base
+        self._published_tail = log_tail
         self._scale.clear()
         self._dirty = False
         self.refreshes += 1

@@ -33,20 +33,27 @@ class Interference:
     """A slowdown of some workers for a time window (a co-located job, a noisy neighbour, a thermal limit).
 
     A batch that *starts* at time ``t`` with ``start_s <= t < end_s`` on one of ``workers`` takes ``factor`` times its
-    sampled latency. Overlapping windows multiply. The policy is not told: only a
-    :class:`~scheduling.LatencyModel` fed by the measured times can notice.
+    sampled latency, with probability ``probability`` (default 1: every such batch). Overlapping windows multiply.
+    The policy is not told: only a :class:`~scheduling.LatencyModel` fed by the measured times can notice.
+
+    ``probability`` < 1 models intermittent interference, as CPU steal on a shared machine: most batches run at
+    profiled speed and a few take several times longer, so the latency distribution grows a heavy tail while its
+    median barely moves.
 
     Args:
         start_s: Start of the window, in seconds (>= 0).
         end_s: End of the window, in seconds (> ``start_s``; ``inf`` allowed).
         factor: Slowdown factor (> 0; 1.5 means 50 % slower, < 1 a speed-up).
         workers: Indices of the affected workers (``0 .. num_workers - 1``); ``None`` (default) means all of them.
+        probability: Chance that one batch in the window is slowed (in (0, 1]; drawn from the simulator's seeded
+            generator, so runs stay deterministic).
     """
 
     start_s: float
     end_s: float
     factor: float
     workers: tuple[int, ...] | None = None
+    probability: float = 1.0
 
     def __post_init__(self) -> None:
         a, b, f = self.start_s, self.end_s, self.factor
@@ -56,6 +63,9 @@ class Interference:
             raise InvalidRequestError(f"Interference end_s must be a time > start_s={a!r}, got {b!r}")
         if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < math.inf:
             raise InvalidRequestError(f"Interference factor must be a finite number > 0, got {f!r}")
+        pr = self.probability
+        if isinstance(pr, bool) or not isinstance(pr, (int, float)) or not 0 < pr <= 1:
+            raise InvalidRequestError(f"Interference probability must be a number in (0, 1], got {pr!r}")
         if self.workers is not None:
             ws = tuple(self.workers)
             if not ws or any(isinstance(w, bool) or not isinstance(w, int) or w < 0 for w in ws):
@@ -249,7 +259,9 @@ def simulate(
             dur = lognorm(mu, sigma) if noisy and sigma > 0.0 else mean
             for win in windows:
                 if win.start_s <= t < win.end_s and (win.workers is None or w in win.workers):
-                    dur *= win.factor
+                    # Draw only for intermittent windows, so the noise sequence of every other run is unchanged.
+                    if win.probability >= 1.0 or rng.random() < win.probability:
+                        dur *= win.factor
             if act_delay and current[w] is not None and current[w] != d.subnet_id:
                 dur += act_delay
             current[w] = d.subnet_id

@@ -76,6 +76,23 @@ def accuracy(model: torch.nn.Module, cfg: subnetact.SubnetConfig, x: torch.Tenso
     return 100.0 * float((model(x, subnet=cfg).argmax(1) == y).float().mean())
 
 
+def spaced(front: list, gap: float) -> list:
+    """The candidates of a Pareto front (sorted by cost) whose accuracies are at least ``gap`` points apart, from the
+    cheapest up, always keeping the most accurate (it replaces the last one kept if the two are closer than ``gap``).
+
+    The demo measures accuracy on a few hundred held-out images: subnets that the search separates by a fraction of
+    a point come out in any order there, so a served set of such subnets is not ordered by cost."""
+    kept = [front[0]]
+    for c in front[1:]:
+        if c.accuracy >= kept[-1].accuracy + gap:
+            kept.append(c)
+    if kept[-1] is not front[-1]:
+        if len(kept) > 1 and front[-1].accuracy < kept[-1].accuracy + gap:
+            kept.pop()
+        kept.append(front[-1])
+    return kept
+
+
 def thin(front: list, k: int) -> list:
     """At most k candidates of a Pareto front, evenly spread by cost, always keeping both ends."""
     if len(front) <= k:
@@ -99,6 +116,12 @@ def main() -> None:
     parser.add_argument("--search-samples", type=int, default=200, help="subnets evaluated to fit the predictor")
     parser.add_argument("--generations", type=int, default=100)
     parser.add_argument("--max-served", type=int, default=8)
+    parser.add_argument(
+        "--min-gap", type=float, default=0.0, help="served subnets' search accuracies at least this many points apart"
+    )
+    parser.add_argument("--widths", type=int, nargs=3, default=[4, 8, 16], help="residual-stream channels per stage")
+    parser.add_argument("--blocks", type=int, nargs=3, default=[4, 4, 4], help="blocks per stage")
+    parser.add_argument("--expansion", type=int, default=8, help="a block's middle channels / its stage's width")
     parser.add_argument("--out", type=Path, default=DATA_DIR)
     parser.add_argument(
         "--trained", type=Path, default=None, help="save the trained supernet here, or load it if it exists"
@@ -129,7 +152,7 @@ def main() -> None:
     # smallest subnet (middles of 1/2/4 channels) is much cheaper and measurably less accurate than the largest.
     # With a wide residual stream (12/24/48) and widths >= 1/4, every subnet scored 98-99 % and the Pareto set had
     # two members: digits is easy enough that only a very narrow subnet loses accuracy.
-    arch = {"widths": [4, 8, 16], "blocks": [4, 4, 4], "expansion": 8}
+    arch = {"widths": list(args.widths), "blocks": list(args.blocks), "expansion": args.expansion}
     model = subnetact.convert(
         digits.DigitsResNet(tuple(arch["widths"]), tuple(arch["blocks"]), arch["expansion"]), digits.CONVERT_CONFIG
     )
@@ -187,7 +210,7 @@ def main() -> None:
         f"{result.seconds:.0f}s",
         flush=True,
     )
-    served = thin(list(result.pareto), args.max_served)
+    served = thin(spaced(sorted(result.pareto), args.min_gap), args.max_served)
 
     # -- served set: calibrate, measure, save ------------------------------------------------------------------------
     with warnings.catch_warnings():  # no subnet is registered yet: this is the shared-statistics baseline
@@ -260,7 +283,7 @@ def main() -> None:
             "seconds": result.seconds,
             "samples": args.search_samples,
             "generations": args.generations,
-            "pareto": [{"flops": c.cost, "accuracy": c.accuracy} for c in result.pareto],
+            "pareto": [{"flops": c.cost, "accuracy": c.accuracy, "config": c.config.to_dict()} for c in result.pareto],
         },
         "latency_cpu": prof.metadata["device"],
         "pareto": rows,

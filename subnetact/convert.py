@@ -7,7 +7,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from ._registry import ClassRegistry
@@ -23,7 +22,16 @@ from .state import ActuationState, ChannelGroup
 from .subnet_norm import SubnetNorm
 from .supernet import SupernetMixin, state_of, supernet_class
 from .trace import sliceable_kind
-from .verify import eval_mode, one_thread, trace_model, verify_conversion
+from .verify import (
+    MODE_SENSITIVE,
+    check_largest,
+    check_smallest,
+    detached_copy,
+    one_thread,
+    plain_output,
+    same_output,
+    trace_model,
+)
 from .weight_cache import check_budget_mb
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
@@ -111,7 +119,9 @@ def convert(
             those it accepts become elastic. Default: all.
         example_inputs: what ``model`` takes: a tensor, a tuple of positional arguments or a dict of keyword
             arguments (batch 1 is enough). Default: an image batch built from the first convolution (trying a few
-            sizes, or the model's ``image_size``) or a vector batch for the first linear layer.
+            sizes, or the model's ``image_size``) or a vector batch for the first linear layer. The converted model
+            keeps a detached CPU copy, which :func:`subnetact.save` records so :func:`subnetact.load` converts a
+            fresh model the same way.
         weight_cache_mb: the budget of the CPU weight cache in MB (contiguous copies of registered subnets'
             strided convolution slices; ``model.set_weight_cache`` changes it later); None: the default (8 % of the
             supernet's weights), 0: off.
@@ -146,17 +156,30 @@ def convert(
     plan = None if adapter is None else adapter(model, config, filter_fn)
     if plan is not None:
         apply_conversion(model, plan, config)
-    else:
-        with one_thread():
-            plan, call, reference = analyse_model(model, config, filter_fn, example_inputs)
-            # Phase 2: rewrite, then check; undo everything on failure.
-            replaced = apply_conversion(model, plan, config)
-            if call is not None:
-                try:
-                    verify_conversion(model, call, reference)
-                except BaseException:
+        if weight_cache_mb is not None:
+            model.set_weight_cache(weight_cache_mb)
+        return model
+    with one_thread():
+        plan, call, reference, traced = analyse_model(model, config, filter_fn, example_inputs)
+        # Phase 2: rewrite, then check; undo everything on failure.
+        replaced = apply_conversion(model, plan, config)
+        if call is not None:
+            try:
+                largest = plain_output(model, call)
+                if traced and not same_output(largest, reference):
+                    # The reference came from the trace's forward; should it differ from a plain forward in the
+                    # last bits (a fast path that a mode switches off, outside the leaves the trace runs plainly),
+                    # ask the original model itself before refusing.
                     rollback(model, replaced)
-                    raise
+                    reference = plain_output(model, call)
+                    replaced = apply_conversion(model, plan, config)
+                check_largest(model, largest, reference)
+                check_smallest(model, call, reference)
+            except BaseException:
+                rollback(model, replaced)
+                raise
+        if example_inputs is not None and call is not None:
+            model._subnetact.example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
     if weight_cache_mb is not None:
         model.set_weight_cache(weight_cache_mb)
     return model
@@ -224,24 +247,25 @@ def analyse_model(
     config: ConvertConfig,
     filter_fn: Callable[[nn.Module, str], bool] | None,
     example_inputs: Any,
-) -> tuple[ConversionPlan, tuple[tuple, dict] | None, Any]:
+) -> tuple[ConversionPlan, tuple[tuple, dict] | None, Any, bool]:
     """The default analysis: block rules where they apply, the trace everywhere else.
 
     Returns:
         The plan, the example call ``(args, kwargs)`` to verify with (None: no input could be built and the rules
-        alone were used) and the original model's output on it.
+        alone were used), the original model's output on it, and whether that output is the trace's (True) or a
+        plain forward's.
     """
     rule_stages = _find_stages(model, filter_fn)
     rules = analyse_blocks(model, config, rule_stages)
     covered = _covered_by(rule_stages)
     found = trace_model(model, example_inputs, required=not rule_stages)
     if found is None:
-        return rules, None, None
+        return rules, None, None, False
     call, trace = found
-    # The reference is a plain forward: under the trace's TorchFunctionMode some modules take other kernels
-    # (nn.MultiheadAttention skips its fused fast path), which differ in the last bits.
-    with eval_mode(model), torch.no_grad():
-        reference = model(*call[0], **call[1])
+    # The original model's output, to check the converted one against, is the trace's: the trace runs the model's
+    # own kernels (leaves outside its mode). Saves one forward, which is most of convert's time on large models.
+    traced = not any(isinstance(m, MODE_SENSITIVE) for m in model.modules())
+    reference = trace.output if traced else plain_output(model, call)
     graph = analyse_trace(model, trace, config.width_choices, covered=covered, filter_fn=filter_fn)
 
     stages = list(rules.stages)
@@ -280,7 +304,7 @@ def analyse_model(
         dims["depth"] = depth
     if width:
         dims["width"] = width
-    return ConversionPlan(stages, dims, groups, slices, norms, custom), call, reference
+    return ConversionPlan(stages, dims, groups, slices, norms, custom), call, reference, traced
 
 
 def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]) -> ConversionPlan:

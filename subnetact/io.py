@@ -32,10 +32,15 @@ _READABLE_VERSIONS = (1, 2)
 _DIGEST_KEY = "subnetact.sha256"  # metadata key of the checksum of the tensors and the header (version 2)
 _MODEL_PREFIX = "model."
 _STATS_PREFIX = "stats."
+_EXAMPLE_PREFIX = "example."  # tensors of the example inputs convert was given (see ``_encode_example``)
 
 
 def save(model: nn.Module, path: str | os.PathLike) -> None:
     """Write ``model`` (weights, buffers, registered subnets and their statistics, space, active subnet) to ``path``.
+
+    The ``example_inputs`` the model was converted with (if any) are written too (their tensors and the structure
+    around them: tuple / list / dict, numbers, strings, None), so :func:`load` converts a fresh model the same way;
+    example inputs holding other objects are not recorded, and ``load`` then asks for ``example_inputs=``.
 
     The file is written to a temporary name and renamed, so a crash never leaves a half-written file at ``path``.
     Tensors that share storage (tied weights) are stored once.
@@ -56,6 +61,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
     subnets = list(state.stats)
     for i, cfg in enumerate(subnets):
         tensors[f"{_STATS_PREFIX}{i}"] = state.stats[cfg].detach().contiguous().cpu()
+    example = None if state.example_call is None else _encode_example(state.example_call, tensors)
     header = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -65,6 +71,7 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
         "subnets": [cfg.to_dict() for cfg in subnets],
         "active": state.default_config.to_dict(),
         "aliases": aliases,
+        "example_inputs": example,
         # None: the default budget (the loading model's own default); else the budget set by the user, in bytes
         "weight_cache_bytes": None if state.weight_cache.default_budget else state.weight_cache.budget_bytes,
     }
@@ -98,6 +105,7 @@ def load(
     path: str | os.PathLike,
     model_or_factory: nn.Module | Callable[[], nn.Module],
     *,
+    example_inputs: Any = None,
     weight_cache_mb: float | str | None = "saved",
 ) -> nn.Module:
     """Load a file written by :func:`save` into a model and return the model.
@@ -106,22 +114,31 @@ def load(
         path: the file.
         model_or_factory: the model to fill, or a zero-argument callable building it (e.g.
             ``torchvision.models.resnet50``). An unconverted model is converted with the saved convert options.
+        example_inputs: what the model's forward takes, for converting an unconverted model (as for
+            :func:`~subnetact.convert`). Default: the example inputs recorded in the file (moved to the model's
+            device), else the ones convert builds itself. Needed only for a model that was converted with
+            ``example_inputs`` and whose file does not record them (saved by subnetact before 0.2, or holding objects
+            other than tensors, numbers, strings and None).
         weight_cache_mb: the weight cache's budget in MB (see ``model.set_weight_cache``): ``"saved"`` (default) the
             budget the saved model had (files written before it was saved get the default), None the default, 0
             off.
 
     Raises:
-        ConfigError: (a ``ValueError``) ``weight_cache_mb`` is not ``"saved"``, None or a finite number >= 0;
-            raised before the file is read or the model touched.
         CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (the sha256 covers the
             tensors and the header), was not written by subnetact, or does not match the model (space, keys, shapes,
             dtypes, subnets). Every problem with the file raises this, and the model passed in is left as it was
-            (a model converted by this call is unconverted again).
+            (a model converted by this call is unconverted again). Also raised when the model needs
+            ``example_inputs`` to be converted and neither the call nor the file gives them; the message says so.
+        ConfigError: ``example_inputs`` is not a tensor, tuple or dict, or ``weight_cache_mb`` is not ``"saved"``,
+            None or a finite number >= 0; raised before the file is read or the model touched.
     """
     from safetensors import SafetensorError, safe_open
 
-    from .convert import convert, unconvert
+    from .convert import unconvert
+    from .verify import example_call
 
+    if example_inputs is not None:
+        example_call(example_inputs)  # a ConfigError naming the argument, before anything is read
     if not (isinstance(weight_cache_mb, str) and weight_cache_mb == "saved"):
         try:
             check_budget_mb(weight_cache_mb, "load: weight_cache_mb")
@@ -173,7 +190,7 @@ def load(
     try:
         if converted_here:
             # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.
-            convert(model, saved.convert_config)
+            _convert_fresh(model, saved, example_inputs, where)
         _load_validated(model, tensors, saved, where)
         if weight_cache_mb != "saved":
             model.set_weight_cache(weight_cache_mb)
@@ -190,6 +207,89 @@ def load(
     return model
 
 
+def _convert_fresh(model: nn.Module, saved: _SavedHeader, example_inputs: Any, where: str) -> None:
+    """Convert ``model`` as the saved one was: its convert options and example inputs (the caller's win)."""
+    from .convert import convert
+    from .errors import UnsupportedModelError
+
+    if example_inputs is None and saved.example_inputs is not None:
+        device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        example_inputs = _map_tensors(saved.example_inputs, lambda t: t.to(device))
+    try:
+        convert(model, saved.convert_config, example_inputs=example_inputs)
+    except UnsupportedModelError as exc:
+        if example_inputs is not None:
+            raise
+        raise CheckpointError(
+            f"{where} records no example inputs and {type(model).__qualname__} could not be converted without them "
+            f"({exc}); pass example_inputs= to subnetact.load: what the model's forward takes, as given to "
+            "subnetact.convert"
+        ) from exc
+
+
+def _encode_example(call: tuple[tuple, dict], tensors: dict[str, torch.Tensor]) -> Any:
+    """The JSON of ``convert``'s example call; its tensors go into ``tensors`` under ``example.<i>``. None if it holds
+    an object JSON cannot describe (``load`` then asks for ``example_inputs=``)."""
+    added: list[str] = []
+
+    def encode(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = f"{_EXAMPLE_PREFIX}{len(added)}"
+            tensors[key] = obj.detach().contiguous().cpu()
+            added.append(key)
+            return {"tensor": key}
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return {"value": obj}
+        if isinstance(obj, (list, tuple)):
+            return {type(obj).__name__: [encode(item) for item in obj]} if type(obj) in (list, tuple) else _no(obj)
+        if isinstance(obj, dict) and all(isinstance(k, str) for k in obj):
+            return {"dict": {k: encode(v) for k, v in obj.items()}}
+        return _no(obj)
+
+    args, kwargs = call
+    try:
+        # convert's ``example_inputs`` is a tuple of positional arguments or a dict of keyword ones.
+        return encode(dict(kwargs) if kwargs else tuple(args))
+    except _Unrecordable:
+        for key in added:
+            del tensors[key]
+        return None
+
+
+class _Unrecordable(Exception):
+    pass
+
+
+def _no(obj: Any) -> Any:
+    raise _Unrecordable(type(obj).__name__)
+
+
+def _decode_example(encoded: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if not isinstance(encoded, dict) or len(encoded) != 1:
+        raise CheckpointError(f"example_inputs has an entry {encoded!r} this subnetact cannot read")
+    ((kind, value),) = encoded.items()
+    if kind == "tensor" and value in tensors and str(value).startswith(_EXAMPLE_PREFIX):
+        return tensors[value]
+    if kind == "value" and (value is None or isinstance(value, (bool, int, float, str))):
+        return value
+    if kind in ("list", "tuple") and isinstance(value, list):
+        items = [_decode_example(item, tensors) for item in value]
+        return items if kind == "list" else tuple(items)
+    if kind == "dict" and isinstance(value, dict):
+        return {k: _decode_example(v, tensors) for k, v in value.items()}
+    raise CheckpointError(f"example_inputs has an entry {encoded!r} this subnetact cannot read")
+
+
+def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(item, fn) for item in obj)
+    if isinstance(obj, dict):
+        return {key: _map_tensors(item, fn) for key, item in obj.items()}
+    return obj
+
+
 @dataclass(frozen=True)
 class _SavedHeader:
     """A checkpoint's header, parsed and type-checked before the model is touched."""
@@ -199,6 +299,7 @@ class _SavedHeader:
     subnets: list[SubnetConfig]
     active: SubnetConfig
     aliases: dict[str, str]
+    example_inputs: Any  # convert's example_inputs (a tuple or a dict), None if not recorded
     weight_cache_bytes: int | None
 
 
@@ -227,6 +328,10 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
         subnets=[SubnetConfig.from_dict(c) for c in subnets],
         active=SubnetConfig.from_dict(header["active"]),
         aliases=dict(aliases),
+        # Absent from files written before example inputs were recorded.
+        example_inputs=None
+        if header.get("example_inputs") is None
+        else _decode_example(header["example_inputs"], tensors),
         weight_cache_bytes=cache_bytes,
     )
 

@@ -85,6 +85,9 @@ class ActuationState:
         self.ops = ops  # every operator, indexed by its ``_op_index``
         self.groups = groups
         self.convert_config = convert_config
+        # The example_inputs convert was given, as a call ``(args, kwargs)`` of detached CPU copies (None: convert
+        # built its own); ``save`` records it so that ``load`` can convert a fresh model the same way.
+        self.example_call: tuple[tuple, dict] | None = None
         # subnet -> flat statistics buffer (see ``stats_layout``); only the channels the subnet uses
         self.stats: dict[SubnetConfig, torch.Tensor] = {}
         self._pinned: dict[SubnetConfig, Plan] = {}

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_mode, _push_mode
 
 from .attention import is_attention
 from .slimmable_norm import is_group_norm, is_layer_norm
@@ -206,6 +206,7 @@ class _Recorder(TorchFunctionMode):
         self._alive: list[torch.Tensor] = []  # keeps ids unique for the whole trace
         self._stack: list[tuple[nn.Module, ModuleCall | None]] = []
         self._leaf_depth = 0
+        self._mode_off = False  # the mode is popped off the stack while a leaf runs (see ``pre_hook``)
 
     # -- values ------------------------------------------------------------------------------------------------------
     def key(self, t: torch.Tensor) -> int | None:
@@ -240,6 +241,11 @@ class _Recorder(TorchFunctionMode):
         path = self.paths.get(id(module), "?")
         self.call_counts[path] = self.call_counts.get(path, 0) + 1
         if self._leaf_depth or isinstance(module, (*_OPAQUE_LEAVES, *_FUSED_FAST_PATH)) or is_attention(module):
+            if self._leaf_depth == 0:
+                # A leaf runs outside the mode, as in a plain forward: some leaves pick their kernels by whether a
+                # mode is active (nn.MultiheadAttention's and nn.TransformerEncoderLayer's fused fast paths), and
+                # convert uses the trace's output as the original model's output, bit for bit.
+                self.mode_off()
             self._leaf_depth += 1
             self._stack.append((module, None))
             return
@@ -253,6 +259,7 @@ class _Recorder(TorchFunctionMode):
         if call is None:
             self._leaf_depth -= 1
             if self._leaf_depth == 0:
+                self.mode_on()
                 self.leaf(module, list(_tensors((args, kwargs))), output)
             return
         outs = list(_tensors(output))
@@ -260,6 +267,16 @@ class _Recorder(TorchFunctionMode):
         call.output = self.key(outs[0]) if len(outs) == 1 else None
         call.last_value = len(self.producers)
         call.same_shape = len(ins) == 1 and len(outs) == 1 and ins[0].shape == outs[0].shape
+
+    def mode_off(self) -> None:
+        if _get_current_function_mode() is self:
+            _pop_mode()
+            self._mode_off = True
+
+    def mode_on(self) -> None:
+        if self._mode_off:
+            _push_mode(self)
+            self._mode_off = False
 
     # -- leaves --
     def leaf(self, module: nn.Module, inputs: list[torch.Tensor], output: Any) -> None:
@@ -506,7 +523,10 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
         handles.append(module.register_forward_hook(recorder.post_hook, with_kwargs=True))
     try:
         with torch.no_grad(), recorder:
-            output = model(*args, **kwargs)
+            try:
+                output = model(*args, **kwargs)
+            finally:
+                recorder.mode_on()  # a leaf that raised left the mode off; ``with`` pops it again
     finally:
         for h in handles:
             h.remove()

@@ -38,13 +38,18 @@ def eval_mode(model: nn.Module) -> Iterator[None]:
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """Run the block's forwards on one intra-op thread, then restore the setting.
+    """Run the block's forwards on one intra-op thread, then restore the caller's setting exactly.
 
-    Why: convert's forwards are tiny (batch 1, 32 px images), where thread synchronisation costs more than it saves;
-    on a loaded 2-core machine resnet50's convert took 9.5 s with 2 threads and 0.62 s with one. The setting is
-    process-wide: forwards that other threads run while ``convert`` is verifying also use one thread meanwhile.
+    Why: convert's forwards are small (batch 1, 32 px images for CNNs), and a shared machine punishes threads that
+    wait for each other. Measured on the 2-core build box (``docs/benchmarks.md``): at load average ~3 one thread vs
+    two took 0.08 s vs 0.07 s for resnet50, 1.38 s vs 0.86 s for regnet_y_128gf and 8.8 s vs 14.7 s for vit_h_14; at
+    load ~10 resnet50 took 0.62 s vs 9.5 s. The setting is process-wide: forwards that other threads run while
+    ``convert`` is verifying also use one thread meanwhile. Left untouched when it already is one.
     """
     threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
     torch.set_num_threads(1)
     try:
         yield
@@ -52,19 +57,39 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def detached_copy(obj: Any) -> Any:
+    """``obj`` with every tensor inside nested tuples / lists / dicts replaced by a detached CPU copy."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(detached_copy(item) for item in obj)
+    if isinstance(obj, dict):
+        return {key: detached_copy(item) for key, item in obj.items()}
+    return obj
+
+
+def example_call(example_inputs: Any) -> Call:
+    """The call ``(args, kwargs)`` that ``example_inputs`` (a tensor, a tuple of arguments or a dict) stands for.
+
+    Raises:
+        ConfigError: ``example_inputs`` is of another type.
+    """
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, tuple):
+        return example_inputs, {}
+    if isinstance(example_inputs, (torch.Tensor, list)):
+        return (example_inputs,), {}
+    raise ConfigError(
+        f"example_inputs of type {type(example_inputs).__name__} is not allowed: give a tensor, a tuple of "
+        "positional arguments or a dict of keyword arguments"
+    )
+
+
 def candidate_calls(model: nn.Module, example_inputs: Any) -> list[Call]:
     """The example calls to try, in order: the caller's, else ones built from the model's first layer."""
     if example_inputs is not None:
-        if isinstance(example_inputs, dict):
-            return [((), dict(example_inputs))]
-        if isinstance(example_inputs, tuple):
-            return [(example_inputs, {})]
-        if isinstance(example_inputs, (torch.Tensor, list)):
-            return [((example_inputs,), {})]
-        raise ConfigError(
-            f"example_inputs of type {type(example_inputs).__name__} is not allowed: give a tensor, a tuple of "
-            "positional arguments or a dict of keyword arguments"
-        )
+        return [example_call(example_inputs)]
     first = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))), None)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
@@ -127,7 +152,22 @@ def trace_model(model: nn.Module, example_inputs: Any, *, required: bool) -> tup
     ) from error
 
 
-def _equal(a: Any, b: Any) -> bool:
+#: Modules whose forward picks a fast path by whether a ``TorchFunctionMode`` is active (``nn.TransformerEncoder``'s
+#: nested-tensor path): the trace runs leaves outside its mode (``nn.MultiheadAttention``,
+#: ``nn.TransformerEncoderLayer``), but not these containers, so for models holding one the trace's output may differ
+#: from a plain forward in the last bits, and convert takes its reference from a plain forward.
+MODE_SENSITIVE = (nn.TransformerEncoder, nn.TransformerEncoderLayer)
+
+
+def plain_output(model: nn.Module, call: Call) -> Any:
+    """``model(*args, **kwargs)`` in eval mode without grad (each module's training flag restored after)."""
+    args, kwargs = call
+    with eval_mode(model), torch.no_grad():
+        return model(*args, **kwargs)
+
+
+def same_output(a: Any, b: Any) -> bool:
+    """Whether two outputs hold the same tensors (shapes and values, bit for bit)."""
     ta, tb = list(_tensors(a)), list(_tensors(b))
     return len(ta) == len(tb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(ta, tb))
 
@@ -136,55 +176,62 @@ def _shapes(out: Any) -> list[tuple[int, ...]]:
     return [tuple(t.shape) for t in _tensors(out)]
 
 
-def verify_conversion(model: nn.Module, call: Call, reference: Any) -> None:
-    """Run ``call`` on the converted ``model`` at its largest and smallest subnets (see the module docstring).
+def check_largest(model: nn.Module, largest: Any, reference: Any) -> None:
+    """Raise unless the converted ``model``'s output at its largest subnet equals the original's, bit for bit.
 
     Raises:
-        UnsupportedModelError: the largest subnet's output differs from ``reference``, or the smallest fails or
-            changes an output shape; the message names the module that was running.
+        UnsupportedModelError: naming the largest absolute difference.
+    """
+    if same_output(largest, reference):
+        return
+    diffs = [
+        (x.double() - y.double()).abs().max().item()
+        for x, y in zip(_tensors(largest), _tensors(reference))
+        if x.shape == y.shape
+    ]
+    raise UnsupportedModelError(
+        f"the converted {type(model).__qualname__} at its largest subnet does not reproduce the original "
+        f"model (max abs difference {max(diffs, default=float('nan')):.3g}); convert refuses rather than "
+        "return a different model"
+    )
+
+
+def check_smallest(model: nn.Module, call: Call, reference: Any) -> None:
+    """Run ``call`` on the converted ``model`` at its smallest subnet: it must run and return ``reference``'s shapes.
+
+    Raises:
+        UnsupportedModelError: the smallest subnet fails (the message names the module that was running) or
+            changes an output shape.
     """
     state = model._subnetact
     args, kwargs = call
-    with eval_mode(model), torch.no_grad():
-        largest = model(*args, **kwargs)
-        if not _equal(largest, reference):
-            diffs = [
-                (x.double() - y.double()).abs().max().item()
-                for x, y in zip(_tensors(largest), _tensors(reference))
-                if x.shape == y.shape
-            ]
-            raise UnsupportedModelError(
-                f"the converted {type(model).__qualname__} at its largest subnet does not reproduce the original "
-                f"model (max abs difference {max(diffs, default=float('nan')):.3g}); convert refuses rather than "
-                "return a different model"
-            )
-        smallest = state.space.min()
-        running: list[str] = []
-        paths = {id(m): name for name, m in model.named_modules()}
-        handles = [
-            m.register_forward_pre_hook(lambda mod, _args: running.append(paths.get(id(mod), "?")))
-            for m in model.modules()
-        ]
+    running: list[str] = []
+    paths = {id(m): name for name, m in model.named_modules()}
+    handles = [
+        m.register_forward_pre_hook(lambda mod, _args: running.append(paths.get(id(mod), "?")))
+        for m in model.modules()
+    ]
 
-        def leave(*_: Any) -> None:  # (a forward hook that returns a value replaces the output)
-            running.pop()
+    def leave(*_: Any) -> None:  # (a forward hook that returns a value replaces the output)
+        running.pop()
 
-        handles += [m.register_forward_hook(leave) for m in model.modules()]
-        state.local.plan = state.compile(smallest)  # pinned directly: no plan cached, no warning
-        try:
+    handles += [m.register_forward_hook(leave) for m in model.modules()]
+    state.local.plan = state.compile(state.space.min())  # pinned directly: no plan cached, no warning
+    try:
+        with eval_mode(model), torch.no_grad():
             out = model(*args, **kwargs)
-        except Exception as exc:
-            where = running[-1] if running else "<root>"
-            raise UnsupportedModelError(
-                f"the smallest subnet of the converted {type(model).__qualname__} fails in module {where!r} "
-                f"({type(exc).__name__}: {exc}); this module reads channels convert sliced without knowing it"
-            ) from exc
-        finally:
-            state.local.plan = None
-            for h in handles:
-                h.remove()
-        if _shapes(out) != _shapes(reference):
-            raise UnsupportedModelError(
-                f"the smallest subnet of the converted {type(model).__qualname__} returns shapes {_shapes(out)}, "
-                f"the original {_shapes(reference)}"
-            )
+    except Exception as exc:
+        where = running[-1] if running else "<root>"
+        raise UnsupportedModelError(
+            f"the smallest subnet of the converted {type(model).__qualname__} fails in module {where!r} "
+            f"({type(exc).__name__}: {exc}); this module reads channels convert sliced without knowing it"
+        ) from exc
+    finally:
+        state.local.plan = None
+        for h in handles:
+            h.remove()
+    if _shapes(out) != _shapes(reference):
+        raise UnsupportedModelError(
+            f"the smallest subnet of the converted {type(model).__qualname__} returns shapes {_shapes(out)}, "
+            f"the original {_shapes(reference)}"
+        )

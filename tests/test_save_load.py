@@ -147,3 +147,88 @@ def test_header_records_space_and_subnets(saved):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UncalibratedSubnetWarning)
         subnetact.load(path, _fresh()).actuate(model.registered_subnets[0])
+
+
+# -- models converted with example_inputs ----------------------------------------------------------------------------
+class TwoInputs(torch.nn.Module):
+    """An image and a vector of token ids (integers an embedding must accept): convert cannot build this input."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        nn = torch.nn
+        self.body = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 6, 1), nn.AdaptiveAvgPool2d(1))
+        self.embed = nn.Embedding(7, 6)
+        self.head = nn.Sequential(nn.Linear(6, 12), nn.ReLU(), nn.Linear(12, 3))
+
+    def forward(self, image, ids, scale=1.0):
+        return self.head(self.body(image).flatten(1) * scale + self.embed(ids).sum(1))
+
+
+def _two_inputs(as_dict: bool):
+    image = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[6, 0, 3]])
+    return {"image": image, "ids": ids, "scale": 0.5} if as_dict else (image, ids, 0.5)
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_model_converted_with_example_inputs_reloads_from_a_factory(tmp_path, as_dict):
+    example = _two_inputs(as_dict)
+    model = subnetact.convert(TwoInputs(seed=1), example_inputs=example)
+    cfg = model.space.min()
+    batch = (torch.randn(4, 3, 8, 8), torch.randint(0, 7, (4, 3)))
+    subnetact.calibrate(model, [batch], subnets=[cfg], forward_fn=lambda m, b: m(*b))
+    subnetact.save(model, tmp_path / "m.safetensors")
+    with pytest.raises(subnetact.UnsupportedModelError):  # the reason the inputs are recorded: no default works
+        subnetact.convert(TwoInputs(seed=2))
+
+    loaded = subnetact.load(tmp_path / "m.safetensors", lambda: TwoInputs(seed=2))
+
+    assert loaded.space == model.space and loaded.registered_subnets == (cfg,)
+    image, ids = torch.randn(2, 3, 8, 8), torch.randint(0, 7, (2, 3))
+    with torch.no_grad():
+        for subnet in (None, cfg):
+            torch.testing.assert_close(
+                loaded(image, ids, subnet=subnet), model(image, ids, subnet=subnet), rtol=0, atol=0
+            )
+    # Saved again, the file still records them.
+    subnetact.save(loaded, tmp_path / "again.safetensors")
+    subnetact.load(tmp_path / "again.safetensors", lambda: TwoInputs(seed=3))
+
+
+def test_a_file_without_the_needed_example_inputs_asks_for_them(tmp_path):
+    model = subnetact.convert(TwoInputs(seed=1), example_inputs=_two_inputs(False))
+    model._subnetact.example_call = None  # as written by a subnetact that did not record them
+    subnetact.save(model, tmp_path / "m.safetensors")
+    fresh = TwoInputs(seed=2)
+    before = _state(fresh)
+
+    with pytest.raises(CheckpointError, match=r"records no example inputs .* pass example_inputs= to subnetact.load"):
+        subnetact.load(tmp_path / "m.safetensors", fresh)
+    assert type(fresh) is TwoInputs and all(torch.equal(v, before[k]) for k, v in fresh.state_dict().items())
+    with pytest.raises(subnetact.ConfigError, match="example_inputs of type str is not allowed"):
+        subnetact.load(tmp_path / "m.safetensors", fresh, example_inputs="image")
+    assert type(fresh) is TwoInputs
+
+    loaded = subnetact.load(tmp_path / "m.safetensors", fresh, example_inputs=_two_inputs(False))
+    image, ids = torch.randn(2, 3, 8, 8), torch.randint(0, 7, (2, 3))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(image, ids), model(image, ids), rtol=0, atol=0)
+
+
+def test_example_inputs_holding_other_objects_are_not_recorded(tmp_path):
+    class Scale:  # not a tensor, number, string or None: JSON cannot describe it
+        value = 0.5
+
+    class WithObject(TwoInputs):
+        def forward(self, image, ids, scale=None):
+            return super().forward(image, ids, 1.0 if scale is None else scale.value)
+
+    image, ids, _ = _two_inputs(False)
+    model = subnetact.convert(WithObject(seed=1), example_inputs=(image, ids, Scale()))
+    subnetact.save(model, tmp_path / "m.safetensors")
+    with pytest.raises(CheckpointError, match="pass example_inputs="):
+        subnetact.load(tmp_path / "m.safetensors", lambda: WithObject(seed=2))
+    loaded = subnetact.load(tmp_path / "m.safetensors", lambda: WithObject(seed=2), example_inputs=(image, ids))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(image, ids), model(image, ids), rtol=0, atol=0)
