@@ -7,7 +7,9 @@
 - forward (CPU, eval, inference_mode): the actuated supernet with its weight cache at the default budget and without
   it, vs the exported subnet vs once-for-all's own dynamic forward (``set_active_subnet`` + forward, which slices and
   copies weights every call), interleaved; medians and ratios per subnet;
-- with ``--budgets``: weight-cache budget -> memory ratio and median actuated/exported, the six subnets round-robin.
+- with ``--budgets``: weight-cache budget -> memory ratio, median actuated/exported and MB copied per forward, the six
+  subnets round-robin;
+- with ``--compare-pointwise``: also the cache without 1x1 copies (their GEMM on the strided view).
 
     python benchmarks/bench_ofa.py --batch-sizes 1 16 --reps 7 --random-subnets 500
     python benchmarks/bench_ofa.py --batch-sizes 1 8 16 --reps 5 --random-subnets 6 --calibrated 0 --threads 1 \
@@ -58,6 +60,12 @@ def main() -> None:
         "--budgets", type=float, nargs="*", default=[], help="weight-cache budgets (MB) for the budget curve"
     )
     parser.add_argument("--budget-batch", type=int, default=1)
+    parser.add_argument(
+        "--compare-pointwise",
+        action="store_true",
+        help="add a variant whose cache holds no 1x1 slices (their GEMM on the strided view, as before issue 16's "
+        "second round)",
+    )
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -176,6 +184,10 @@ def forward_table(args, model, ofa_net, paper) -> None:
     cached = model  # default budget
     uncached = copy.deepcopy(model)
     uncached.set_weight_cache(0)
+    no_pointwise = None
+    if args.compare_pointwise:
+        no_pointwise = copy.deepcopy(model)
+        no_pointwise._subnetact.weight_cache.pointwise = False  # internal switch, for this comparison only
     order = "round-robin over the six subnets" if args.round_robin else "one subnet at a time"
     print(f"\n## forward (CPU, {args.clock} ms, median of {args.reps}; ratios of medians; {order})")
     print(
@@ -209,6 +221,13 @@ def forward_table(args, model, ofa_net, paper) -> None:
                     return dense(x)
 
                 runs.append({"cache": run_cached, "nocache": run_uncached, "exported": run_exported, "ofa": run_ofa})
+                if no_pointwise is not None:
+
+                    def run_no_pointwise(cfg=cfg, x=x):
+                        no_pointwise.actuate(cfg)
+                        return no_pointwise(x)
+
+                    runs[-1]["no1x1"] = run_no_pointwise
             times = [{name: [] for name in r} for r in runs]
             cache_mb = [0.0] * len(runs)
             # (subnet, record?) in the order they run: round-robin switches subnet on every forward
@@ -231,6 +250,12 @@ def forward_table(args, model, ofa_net, paper) -> None:
                 )
             ratios = [median(t["cache"]) / median(t["exported"]) for t in times]
             print(f"| {bs} | **median** | | | | | | **{median(ratios):.3f}** (max {max(ratios):.3f}) | | | |")
+            if no_pointwise is not None:
+                other = [median(t["no1x1"]) / median(t["exported"]) for t in times]
+                print(
+                    f"\n- batch {bs}, cache without 1x1 copies / exported: "
+                    f"{', '.join(f'{r:.3f}' for r in other)}; median **{median(other):.3f}** (max {max(other):.3f})\n"
+                )
 
 
 def budget_curve(args, model, paper, base_bytes: int, exported6: int) -> None:
@@ -239,19 +264,23 @@ def budget_curve(args, model, paper, base_bytes: int, exported6: int) -> None:
     print(f"\n## weight-cache budget curve (batch {args.budget_batch}, round-robin over the six subnets)")
     print(
         "| budget MB | cache MB (after the run) | 6 exported / (supernet + stats + cache) | median actuated/exported "
-        "| max |"
+        "| max | MB copied per timed forward |"
     )
-    print("|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|")
     exported = [model.export(cfg).eval() for cfg in paper]
     x = torch.randn(args.budget_batch, 3, args.image_size, args.image_size)
     with torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for budget in args.budgets:
+            model.set_weight_cache(0)  # from an empty cache
             model.set_weight_cache(budget)
             ours = [[] for _ in paper]
             dense_t = [[] for _ in paper]
             peak = 0
+            copied_before = 0
             for rep in range(args.warmup + args.reps):
+                if rep == args.warmup:
+                    copied_before = model.weight_cache_info().copied_bytes
                 for i, (cfg, dense) in enumerate(zip(paper, exported)):
 
                     def run(cfg=cfg):
@@ -264,9 +293,10 @@ def budget_curve(args, model, paper, base_bytes: int, exported6: int) -> None:
                         ours[i] += a
                         dense_t[i] += e
             ratios = [median(a) / median(e) for a, e in zip(ours, dense_t)]
+            copied = (model.weight_cache_info().copied_bytes - copied_before) / (args.reps * len(paper))
             print(
                 f"| {budget:g} | {peak / 1e6:.1f} | {exported6 / (base_bytes + peak):.2f}x | {median(ratios):.3f} "
-                f"| {max(ratios):.3f} |"
+                f"| {max(ratios):.3f} | {copied / 1e6:.2f} |"
             )
     model.set_weight_cache(None)
 

@@ -32,6 +32,7 @@ from .verify import (
     same_output,
     trace_model,
 )
+from .weight_cache import check_budget_mb
 from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
@@ -88,6 +89,7 @@ def convert(
     *,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
     example_inputs: Any = None,
+    weight_cache_mb: float | None = None,
 ) -> nn.Module:
     """Rewrite ``model`` in place into an actuatable supernet and return it (the same object).
 
@@ -120,6 +122,9 @@ def convert(
             sizes, or the model's ``image_size``) or a vector batch for the first linear layer. The converted model
             keeps a detached CPU copy, which :func:`subnetact.save` records so :func:`subnetact.load` converts a
             fresh model the same way.
+        weight_cache_mb: the budget of the CPU weight cache in MB (contiguous copies of registered subnets'
+            strided convolution slices; ``model.set_weight_cache`` changes it later); None: the default (8 % of the
+            supernet's weights), 0: off.
 
     Returns:
         ``model`` itself, now actuated on its largest subnet.
@@ -128,7 +133,7 @@ def convert(
         UnsupportedModelError: nothing in the model can be made elastic (the message says why for the largest
             channel groups: the module path and the operation that blocks them), the converted model fails the check
             above, or the model is already converted.
-        ConfigError: ``config`` or ``example_inputs`` is not valid.
+        ConfigError: ``config``, ``example_inputs`` or ``weight_cache_mb`` is not valid.
 
     Example::
 
@@ -143,6 +148,7 @@ def convert(
         raise UnsupportedModelError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if isinstance(model, SupernetMixin):
         raise UnsupportedModelError("model is already converted (call subnetact.unconvert(model) first)")
+    check_budget_mb(weight_cache_mb, "convert: weight_cache_mb")
 
     # Phase 1: analyse and validate (no mutation). A model adapter, if one is registered for the model's class,
     # replaces the analysis and is trusted to be exact (its own tests check parity with its reference).
@@ -150,6 +156,8 @@ def convert(
     plan = None if adapter is None else adapter(model, config, filter_fn)
     if plan is not None:
         apply_conversion(model, plan, config)
+        if weight_cache_mb is not None:
+            model.set_weight_cache(weight_cache_mb)
         return model
     with one_thread():
         plan, call, reference, traced = analyse_model(model, config, filter_fn, example_inputs)
@@ -172,6 +180,8 @@ def convert(
                 raise
         if example_inputs is not None and call is not None:
             model._subnetact.example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
+    if weight_cache_mb is not None:
+        model.set_weight_cache(weight_cache_mb)
     return model
 
 

@@ -21,9 +21,10 @@ import torch
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import ArgumentTypeError, CheckpointError
+from .errors import ArgumentTypeError, CheckpointError, ConfigError
 from .space import Space
 from .supernet import SupernetMixin, state_of
+from .weight_cache import check_budget_mb
 
 FORMAT = "subnetact"
 FORMAT_VERSION = 2
@@ -71,6 +72,8 @@ def save(model: nn.Module, path: str | os.PathLike) -> None:
         "active": state.default_config.to_dict(),
         "aliases": aliases,
         "example_inputs": example,
+        # None: the default budget (the loading model's own default); else the budget set by the user, in bytes
+        "weight_cache_bytes": None if state.weight_cache.default_budget else state.weight_cache.budget_bytes,
     }
     header_json = json.dumps(header)
     path = Path(path)
@@ -99,7 +102,11 @@ def _new_temp_file(path: Path) -> str:
 
 
 def load(
-    path: str | os.PathLike, model_or_factory: nn.Module | Callable[[], nn.Module], *, example_inputs: Any = None
+    path: str | os.PathLike,
+    model_or_factory: nn.Module | Callable[[], nn.Module],
+    *,
+    example_inputs: Any = None,
+    weight_cache_mb: float | str | None = "saved",
 ) -> nn.Module:
     """Load a file written by :func:`save` into a model and return the model.
 
@@ -112,6 +119,9 @@ def load(
             device), else the ones convert builds itself. Needed only for a model that was converted with
             ``example_inputs`` and whose file does not record them (saved by subnetact before 0.2, or holding objects
             other than tensors, numbers, strings and None).
+        weight_cache_mb: the weight cache's budget in MB (see ``model.set_weight_cache``): ``"saved"`` (default) the
+            budget the saved model had (files written before it was saved get the default), None the default, 0
+            off.
 
     Raises:
         CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (the sha256 covers the
@@ -119,7 +129,8 @@ def load(
             dtypes, subnets). Every problem with the file raises this, and the model passed in is left as it was
             (a model converted by this call is unconverted again). Also raised when the model needs
             ``example_inputs`` to be converted and neither the call nor the file gives them; the message says so.
-        ConfigError: ``example_inputs`` is not a tensor, tuple or dict.
+        ConfigError: ``example_inputs`` is not a tensor, tuple or dict, or ``weight_cache_mb`` is not ``"saved"``,
+            None or a finite number >= 0; raised before the file is read or the model touched.
     """
     from safetensors import SafetensorError, safe_open
 
@@ -128,6 +139,14 @@ def load(
 
     if example_inputs is not None:
         example_call(example_inputs)  # a ConfigError naming the argument, before anything is read
+    if not (isinstance(weight_cache_mb, str) and weight_cache_mb == "saved"):
+        try:
+            check_budget_mb(weight_cache_mb, "load: weight_cache_mb")
+        except ConfigError:
+            raise ConfigError(
+                f'load: weight_cache_mb={weight_cache_mb!r} must be "saved" (the saved budget), None (the default) '
+                "or a finite number >= 0 (MB)"
+            ) from None
     path = Path(path)
     where = repr(str(path))
     try:
@@ -173,6 +192,12 @@ def load(
             # Converting a fresh model is the caller's intent; on a mismatch below it is handed back unconverted.
             _convert_fresh(model, saved, example_inputs, where)
         _load_validated(model, tensors, saved, where)
+        if weight_cache_mb != "saved":
+            model.set_weight_cache(weight_cache_mb)
+        elif saved.weight_cache_bytes is None:
+            model.set_weight_cache(None)
+        else:
+            model._subnetact.weight_cache.set_budget(saved.weight_cache_bytes)  # exact bytes, no MB round trip
     except BaseException as exc:
         if converted_here and isinstance(model, SupernetMixin):
             unconvert(model)
@@ -275,6 +300,7 @@ class _SavedHeader:
     active: SubnetConfig
     aliases: dict[str, str]
     example_inputs: Any  # convert's example_inputs (a tuple or a dict), None if not recorded
+    weight_cache_bytes: int | None
 
 
 def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeader:
@@ -291,6 +317,11 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
     subnets = header["subnets"]
     if not isinstance(subnets, list):
         raise CheckpointError(f"subnets must be a JSON list, got {subnets!r}")
+    cache_bytes = header.get("weight_cache_bytes")  # absent in files written before the weight cache
+    if cache_bytes is not None and (
+        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0
+    ):
+        raise CheckpointError(f"weight_cache_bytes must be null or an integer >= 0, got {cache_bytes!r}")
     return _SavedHeader(
         convert_config=ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}),
         space=Space.from_dict(header["space"]),
@@ -301,6 +332,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
         example_inputs=None
         if header.get("example_inputs") is None
         else _decode_example(header["example_inputs"], tensors),
+        weight_cache_bytes=cache_bytes,
     )
 
 

@@ -102,7 +102,7 @@ class ActuationState:
         self._initial_config = self.max_config  # the default until ``invalidate`` compiles the first plan
         self.default: Plan = None  # type: ignore[assignment]  # compiled by ``invalidate`` once operators are wired
         # Contiguous copies of registered subnets' strided weight slices (issue 16); ``model.set_weight_cache(mb)``
-        self.weight_cache = WeightCache(ops, default_budget_bytes(ops))
+        self.weight_cache = WeightCache(ops, default_budget_bytes(ops), default_budget=True)
 
     @property
     def default_config(self) -> SubnetConfig:
@@ -260,7 +260,9 @@ class ActuationState:
         # every copied module exists.
         new._initial_config = self.default_config
         new.default = None  # type: ignore[assignment]
-        new.weight_cache = WeightCache(new.ops, self.weight_cache.budget_bytes)
+        cache = self.weight_cache
+        new.weight_cache = WeightCache(new.ops, cache.budget_bytes, cache.default_budget)
+        new.weight_cache.pointwise = cache.pointwise
         return new
 
     def __getstate__(self) -> dict:

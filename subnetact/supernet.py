@@ -17,7 +17,7 @@ from .config import SubnetConfig
 from .errors import ArgumentTypeError, InvalidSubnetError, NotConvertedError
 from .space import Space
 from .state import ActuationState
-from .weight_cache import WeightCacheInfo, default_budget_bytes
+from .weight_cache import WeightCacheInfo, check_budget_mb, default_budget_bytes
 
 _CLASS_CACHE: dict[type, type] = {}
 
@@ -141,18 +141,17 @@ class SupernetMixin:
             mb: budget in MB, >= 0, or None for the default.
 
         Raises:
-            ValueError: ``mb`` is negative, not a number, or a bool.
+            ConfigError: (a ``ValueError``) ``mb`` is negative, not finite, not a number, or a bool.
 
         Example::
 
             >>> model.set_weight_cache(100)  # up to 100 MB of copies
             >>> model.weight_cache_info().used_bytes
         """
-        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf")):
-            raise ValueError(f"set_weight_cache: mb={mb!r} must be a finite number >= 0 (MB), or None for the default")
+        check_budget_mb(mb, "set_weight_cache: mb")
         state = self._subnetact
         budget = default_budget_bytes(state.ops) if mb is None else int(mb * 1e6)
-        state.weight_cache.set_budget(budget)
+        state.weight_cache.set_budget(budget, default=mb is None)
 
     def weight_cache_info(self) -> WeightCacheInfo:
         """The weight cache's budget, the bytes it uses and the subnets it holds copies for

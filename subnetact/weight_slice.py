@@ -37,6 +37,13 @@ def _cuda_kernel(weight: torch.Tensor, name: str):
 #: copy (1.2-2.1x slower at 98 and more). Issue 16.
 UNFOLD_MAX_ROWS = 64
 
+#: A 1x1 convolution's slice is worth a copy in the weight cache (run as oneDNN's convolution instead of a GEMM on the
+#: strided view) from this many weight elements on. Measured at two threads (``benchmarks/bench_pointwise.py``, torch
+#: 2.15): oneDNN's convolution took 0.83-0.85x the GEMM's time for the 2048 x 512-816 slices of OFA-ResNet50's last
+#: stage (0.71x at batch 8), but 1.1-2x for the small slices of the early stages; at one thread both tie. The
+#: threshold keeps the budget for the copies that pay. Issue 16.
+POINTWISE_MIN_ELEMENTS = 2**19
+
 
 def _unfold_conv(
     x: torch.Tensor, weight2d: torch.Tensor, bias: torch.Tensor | None, conv: nn.Conv2d, out_h: int, out_w: int
@@ -85,11 +92,14 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
 
     Slicing strategy, chosen by measurement (``benchmarks/bench_forward.py``, ``benchmarks/bench_ofa.py``, issue
     16): a prefix along the output dimension is a contiguous view and runs the normal convolution. A slice of the
-    input dimension is a strided view; for a 1x1 convolution (stride 1, no padding) it runs as one GEMM reading the
-    strided weight in place (``mm(W[:o, :i], x.flatten(2))``), which measured as fast as or faster than the
-    convolution. Other shapes need a contiguous weight: ``F.conv2d`` copies the view into a fresh allocation on
-    every call, so for registered subnets the model's weight cache keeps that copy (within the budget of
-    ``model.set_weight_cache``) and the layer runs the extracted layer's kernel on it; the rest pass the view.
+    input dimension is a strided view. For registered subnets the model's weight cache keeps a contiguous copy of
+    it (within the budget of ``model.set_weight_cache``) and the layer runs the extracted layer's kernel (oneDNN's
+    convolution) on that copy. Without a copy, a 1x1 convolution (stride 1, no padding) runs as one GEMM reading the
+    strided weight in place (``mm(W[:o, :i], x.flatten(2))``): as fast as the convolution at one thread, but at two
+    threads oneDNN's convolution measured up to 17 % faster on large late-stage 1x1 weights and slower on small
+    ones, so the cache copies 1x1 slices only from ``POINTWISE_MIN_ELEMENTS`` on. Other shapes need a
+    contiguous weight: ``F.conv2d`` copies the view into a fresh allocation on every call, unless the unfold + GEMM
+    formulation reads it in place (small outputs, ``UNFOLD_MAX_ROWS``).
     """
 
     @classmethod
@@ -163,14 +173,20 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
         return (out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
 
-    def cacheable_slice(self, entry: tuple) -> tuple[tuple[int, int], torch.Tensor] | None:
-        """``((k_out, k_in), view)`` when ``entry`` passes a strided weight view to ``F.conv2d`` (which would copy it
-        every call), else None. Used by :class:`~subnetact.weight_cache.WeightCache`."""
+    def cacheable_slice(self, entry: tuple, pointwise: bool = True) -> tuple[tuple[int, int], torch.Tensor] | None:
+        """``((k_out, k_in), view)`` when ``entry`` runs on a strided weight view (``F.conv2d`` copies it every call;
+        a 1x1 convolution's GEMM reads it in place, but oneDNN's convolution on a copy of a large one is faster at
+        two threads: 1x1 slices from ``POINTWISE_MIN_ELEMENTS`` on, none with ``pointwise=False``), else None.
+        Used by :class:`~subnetact.weight_cache.WeightCache`."""
         out_k, in_k, _, weight, _, gemm, _, kernel = entry
         # CPU only: measured there (issue 16), and a CUDA graph captured on a copy would read freed memory once the
         # copy is evicted.
-        if gemm or kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
+        if kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
             return None
+        if gemm:
+            if not pointwise or weight.numel() < POINTWISE_MIN_ELEMENTS:
+                return None
+            weight = self.weight[:out_k, :in_k]  # the (k_out, k_in, 1, 1) slice the convolution gets
         return (out_k, in_k), weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -198,6 +214,7 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 else:
                     fresh = self._slice(out_k, in_k)[0]  # not the planned view: the storage may be new
                     weight = self._subnetact_state.weight_cache.refresh(self, out_k, in_k, fresh)
+                gemm = False  # a 1x1 copy runs oneDNN's convolution, the extracted layer's kernel
         if unfold_weight is not None:
             n, _, h, w = x.shape
             (kh, kw), (sh, sw), (dh, dw) = self.kernel_size, self.stride, self.dilation

@@ -44,21 +44,24 @@ def copies(model) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    "name, budget, unfold_rows",
+    "name, budget, unfold_rows, pointwise_min",
     [
-        ("basic", None, weight_slice.UNFOLD_MAX_ROWS),
-        ("bottleneck", None, weight_slice.UNFOLD_MAX_ROWS),
-        ("resnext", None, weight_slice.UNFOLD_MAX_ROWS),
-        ("bottleneck", 0, 0),
-        ("bottleneck", 0, 10**9),
-        ("basic", 1000, 0),
-        ("bottleneck", 1000, 10**9),
+        ("basic", None, weight_slice.UNFOLD_MAX_ROWS, weight_slice.POINTWISE_MIN_ELEMENTS),
+        ("bottleneck", None, weight_slice.UNFOLD_MAX_ROWS, weight_slice.POINTWISE_MIN_ELEMENTS),
+        ("resnext", None, weight_slice.UNFOLD_MAX_ROWS, weight_slice.POINTWISE_MIN_ELEMENTS),
+        ("bottleneck", 0, 0, 0),
+        ("bottleneck", 0, 10**9, 0),
+        ("basic", 1000, 0, 0),
+        ("bottleneck", 1000, 10**9, 0),
+        ("bottleneck", None, 0, 0),
     ],
 )
-def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, monkeypatch):
+def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, pointwise_min, monkeypatch):
     # budget 0: views (or unfold + GEMM); 1000 MB: every slice copied; default: some. unfold_rows=0 never takes
-    # the unfold path, 10**9 always (where no copy is held).
+    # the unfold path, 10**9 always (where no copy is held). pointwise_min=0 copies 1x1 slices too (the tiny
+    # models' are all below the real threshold), run as convolutions on the copy.
     monkeypatch.setattr(weight_slice, "UNFOLD_MAX_ROWS", unfold_rows)
+    monkeypatch.setattr(weight_slice, "POINTWISE_MIN_ELEMENTS", pointwise_min)
     model, subnets = served_model(name)
     model.set_weight_cache(budget)
     x = image_batch(3)
@@ -68,6 +71,8 @@ def test_every_path_matches_the_exported_subnet(name, budget, unfold_rows, monke
     assert info.used_bytes <= info.budget_bytes
     if budget == 0:
         assert info.used_bytes == 0 and copies(model) == []
+    if name == "bottleneck" and budget == 1000 and pointwise_min == 0:  # every slice copied, 1x1 ones included
+        assert any(t.shape[2:] == (1, 1) for t in copies(model))
 
 
 def test_copies_are_contiguous_slices_of_the_weight_and_fill_only_for_registered_subnets():
@@ -104,27 +109,77 @@ def test_budget_evicts_the_least_recently_run_subnet_and_shares_equal_slices():
     x = image_batch(1)
     model.set_weight_cache(1000)
     sizes = {}
-    for cfg in subnets:  # each subnet's own bytes, measured alone
-        model.set_weight_cache(0)
-        model.set_weight_cache(1000)
-        run(model, cfg, x)
-        sizes[cfg] = model.weight_cache_info().used_bytes
+    for cfg in subnets:  # each subnet's own bytes, measured alone (on a copy: the model's run counts stay zero)
+        alone = copy.deepcopy(model)
+        run(alone, cfg, x)
+        sizes[cfg] = alone.weight_cache_info().used_bytes
     a, b, c = subnets
     # Room for a and b but not c on top: running c evicts a (least recently run), not b.
     model.set_weight_cache((sizes[a] + sizes[b] + sizes[c] - 1) / 1e6)
     for cfg in (a, b):
         run(model, cfg, x)
     assert model.weight_cache_info().subnets == (a, b)
-    run(model, a, x)  # a is now the most recent: c evicts b
+    run(model, a, x)  # a is now the most recent
     assert model.weight_cache_info().subnets == (b, a)
+    before = model.weight_cache_info()
+    # c's first run: making room would evict b, which ran since c's previous forward (c never ran); the recency
+    # guard refuses and c runs on the views, still exactly.
+    torch.testing.assert_close(run(model, c, x), reference(model, c, x), rtol=1e-4, atol=1e-5)
+    assert model.weight_cache_info() == before
+    # c's second run in a row: nothing ran in between, so c evicts b (the least recently run), not a.
     run(model, c, x)
     info = model.weight_cache_info()
-    assert info.subnets[-1] == c and b not in info.subnets and info.used_bytes <= info.budget_bytes
+    assert info.subnets == (a, c) and info.used_bytes <= info.budget_bytes
+    assert before.copied_bytes < info.copied_bytes <= before.copied_bytes + sizes[c]
     # Shrinking the budget evicts now, least recent first.
     model.set_weight_cache(sizes[c] / 1e6)
     assert model.weight_cache_info().subnets == (c,)
     model.set_weight_cache(0)
     assert model.weight_cache_info().used_bytes == 0 and copies(model) == []
+
+
+def test_a_round_robin_over_more_subnets_than_the_budget_holds_stops_copying():
+    # Issue 16: least-recently-run eviction alone re-copied a subnet on every switch of a round-robin.
+    model, subnets = served_model()
+    x = image_batch(1)
+    model.set_weight_cache(1000)
+    for cfg in subnets:
+        run(model, cfg, x)
+    everything = model.weight_cache_info().used_bytes
+    model.set_weight_cache(0)
+    model.set_weight_cache(everything * 0.6 / 1e6)
+    refs = {cfg: reference(model, cfg, x) for cfg in subnets}
+    for cfg in subnets * 2:
+        torch.testing.assert_close(run(model, cfg, x), refs[cfg], rtol=1e-4, atol=1e-5)
+    settled = model.weight_cache_info()
+    assert 0 < settled.used_bytes <= settled.budget_bytes
+    for cfg in subnets * 20:
+        torch.testing.assert_close(run(model, cfg, x), refs[cfg], rtol=1e-4, atol=1e-5)
+    info = model.weight_cache_info()
+    assert info.copied_bytes == settled.copied_bytes and set(info.subnets) == set(settled.subnets)
+
+
+def test_a_subnet_run_twice_in_a_row_takes_over_from_one_that_stopped():
+    model, subnets = served_model()
+    x = image_batch(1)
+    a, b, c = subnets
+    model.set_weight_cache(1000)
+    run(model, c, x)
+    room = model.weight_cache_info().used_bytes
+    model.set_weight_cache(0)
+    model.set_weight_cache(room / 1e6)  # room for c's copies (the largest subnet), not for every subnet's
+    for _ in range(5):
+        run(model, c, x)
+    assert model.weight_cache_info().subnets == (c,)
+    run(model, a, x)  # c ran since a's previous forward (a never ran): refused
+    assert model.weight_cache_info().subnets == (c,)
+    run(model, c, x)
+    run(model, a, x)  # c ran since a's previous forward: refused again (alternating subnets keep what is copied)
+    assert model.weight_cache_info().subnets == (c,)
+    run(model, a, x)  # the mix moved to a: nothing ran since its previous forward, so it takes c's room
+    info = model.weight_cache_info()
+    assert a in info.subnets and c not in info.subnets and info.used_bytes <= info.budget_bytes
+    torch.testing.assert_close(run(model, a, x), reference(model, a, x), rtol=1e-4, atol=1e-5)
 
 
 def test_a_budget_smaller_than_a_subnet_copies_part_of_it_and_stays_correct():
@@ -287,3 +342,78 @@ def test_unfold_gemm_equals_the_convolution(kwargs):
         got = weight_slice._unfold_conv(x, w2d, bias, conv, h, w)
     assert got.is_contiguous()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+# -- the budget through convert, save and load ------------------------------------------------------------------
+
+
+def registered(model):
+    entries = model.space.entries("depth")
+    subnets = [
+        model.space.make(depth=[e.choices[round(t * (len(e.choices) - 1))] for e in entries], width=w)
+        for t, w in ((0.0, 0.25), (1.0, 0.75))
+    ]
+    subnetact.calibrate(model, [image_batch(4)], subnets=subnets)
+    return subnets
+
+
+def test_convert_sets_the_budget_and_the_model_serves_like_the_exported_subnets():
+    model = subnetact.convert(TINY_MODELS["bottleneck"](), weight_cache_mb=0.03).eval()
+    assert model.weight_cache_info().budget_bytes == 30_000
+    x = image_batch(2)
+    for cfg in registered(model) * 2:
+        torch.testing.assert_close(run(model, cfg, x), reference(model, cfg, x), rtol=1e-4, atol=1e-5)
+    info = model.weight_cache_info()
+    assert 0 < info.used_bytes <= 30_000
+    off = subnetact.convert(TINY_MODELS["bottleneck"](), weight_cache_mb=0).eval()
+    for cfg in registered(off):
+        torch.testing.assert_close(run(off, cfg, x), reference(off, cfg, x), rtol=1e-4, atol=1e-5)
+    assert off.weight_cache_info().used_bytes == 0
+
+
+@pytest.mark.parametrize("mb", [-1, float("nan"), float("inf"), True, "10"])
+def test_convert_refuses_a_bad_budget_and_leaves_the_model_unconverted(mb):
+    model = TINY_MODELS["bottleneck"]()
+    cls, modules = type(model), list(model.modules())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(subnetact.ConfigError, match=r"convert: weight_cache_mb=.* must be a finite number >= 0"):
+        subnetact.convert(model, weight_cache_mb=mb)
+    assert type(model) is cls and list(model.modules()) == modules
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_load_restores_the_saved_budget_or_takes_the_one_given(tmp_path):
+    model = subnetact.convert(TINY_MODELS["bottleneck"](seed=1)).eval()
+    subnets = registered(model)
+    model.set_weight_cache(0.0123456)
+    path = tmp_path / "m.safetensors"
+    subnetact.save(model, path)
+    x = image_batch(2)
+    loaded = subnetact.load(path, lambda: TINY_MODELS["bottleneck"](seed=2)).eval()
+    assert loaded.weight_cache_info().budget_bytes == 12_345
+    for cfg in subnets * 2:
+        torch.testing.assert_close(run(loaded, cfg, x), reference(model, cfg, x), rtol=1e-4, atol=1e-5)
+    assert 0 < loaded.weight_cache_info().used_bytes <= 12_345
+    for given, expected in ((0, 0), (2, 2_000_000), (None, default_budget_bytes(model._subnetact.ops))):
+        into = subnetact.convert(TINY_MODELS["bottleneck"](seed=3), weight_cache_mb=7)
+        assert subnetact.load(path, into, weight_cache_mb=given).weight_cache_info().budget_bytes == expected
+    # A model saved with the default budget loads with the loading model's default, not a number fixed in the file.
+    model.set_weight_cache(None)
+    subnetact.save(model, path)
+    into = subnetact.convert(TINY_MODELS["bottleneck"](seed=3), weight_cache_mb=7)
+    loaded = subnetact.load(path, into)
+    assert loaded.weight_cache_info().budget_bytes == default_budget_bytes(loaded._subnetact.ops)
+    assert loaded._subnetact.weight_cache.default_budget
+
+
+@pytest.mark.parametrize("mb", [-1, float("nan"), True, "default", [1]])
+def test_load_refuses_a_bad_budget_before_touching_the_model(tmp_path, mb):
+    model = subnetact.convert(TINY_MODELS["bottleneck"](seed=1))
+    path = tmp_path / "m.safetensors"
+    subnetact.save(model, path)
+    into = subnetact.convert(TINY_MODELS["bottleneck"](seed=2), weight_cache_mb=7)
+    before = {k: v.clone() for k, v in into.state_dict().items()}
+    with pytest.raises(subnetact.ConfigError, match=r'load: weight_cache_mb=.* must be "saved"'):
+        subnetact.load(path, into, weight_cache_mb=mb)
+    assert all(torch.equal(v, into.state_dict()[k]) for k, v in before.items())
+    assert into.weight_cache_info().budget_bytes == 7_000_000

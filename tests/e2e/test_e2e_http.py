@@ -409,7 +409,9 @@ def test_logits_postprocess_returns_the_model_output(runner, profile):
     with torch.inference_mode():
         expected = runner.model(torch.from_numpy(x)[None], subnet=runner.configs[2])[0]
     assert answer["subnet"] == 2 and answer["batch_size"] == 1
-    torch.testing.assert_close(torch.tensor(answer["output"]), expected, rtol=0, atol=0)
+    # Not bit-exact: the weight cache may admit the subnet between the two forwards (its recency guard), and a
+    # cached slice runs another kernel (oneDNN's convolution on the copy) than the view, with other rounding.
+    torch.testing.assert_close(torch.tensor(answer["output"]), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
