@@ -45,7 +45,9 @@ def test_targets_accuracy_grows_with_cost_on_held_out_views(shipped):
     val = [r["accuracy"] for r in rows]
     assert flops == sorted(flops) and val == sorted(val) and len(set(val)) == len(val)  # a Pareto front
     accs = [_accuracy(model, subnetact.SubnetConfig.from_dict(r["config"]), x, y) for r in rows]
-    assert accs == pytest.approx([r["test_accuracy"] for r in rows], abs=1e-3)  # the record tells the truth
+    # The record tells the truth, and the views are the ones it was measured on: regenerated from the seed here, they
+    # give the same accuracies (up to one view of 3600, for a near-tie that another BLAS/NumPy build rounds apart).
+    assert accs == pytest.approx([r["test_accuracy"] for r in rows], abs=1.01 * 100.0 / len(y))
     steps = [b - a for a, b in zip(accs, accs[1:])]
     assert min(steps) >= 5 * 100.0 / len(y), accs
     assert accs[-1] - accs[0] >= 4.0, accs
