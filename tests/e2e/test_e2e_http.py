@@ -343,7 +343,10 @@ def test_sigterm_drains_the_entry_point(tmp_path, profile):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     try:
         line = proc.stdout.readline()
-        assert f"serving {len(profile.ids)} subnets" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
+        assert f"serving {len(profile.ids)} subnets" in line, (
+            line,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
         port = int(line.rsplit(":", 1)[1])
 
         def ask(path="/predict", body=None):
