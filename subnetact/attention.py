@@ -21,7 +21,6 @@ holds the sliced views, the forward reads its entry.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,9 +33,9 @@ from ._registry import qualified_name
 from .config import SubnetConfig
 from .errors import ConfigError
 from .head_count import head_count_copy
-from .operator import Operator
+from .operator import Operator, cloned_parameter, shallow_copy_as
 from .slimmable_norm import SubnetLayerNorm, is_layer_norm
-from .weight_slice import WeightSlice
+from .weight_slice import WeightSlice, WeightSliceLinear
 
 
 @dataclass(frozen=True)
@@ -203,11 +202,7 @@ class PackedSliceLinear(WeightSlice, nn.Linear):
         dense.training = self.training
         return dense
 
-    def to_base(self) -> nn.Linear:
-        with torch.device("meta"):
-            base = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
-        base.weight, base.bias, base.training = self.weight, self.bias, self.training
-        return base
+    to_base = WeightSliceLinear.to_base  # the plain nn.Linear holding the same Parameters
 
     def extra_repr(self) -> str:
         return f"{nn.Linear.extra_repr(self)}, chunks={self.chunks}, out_group={self.out_group}"
@@ -308,17 +303,6 @@ def _mha_parts(mha: nn.MultiheadAttention, k: int) -> tuple[tuple, tuple]:
     return weights, biases
 
 
-def _copy_as(module: nn.Module, cls: type) -> nn.Module:
-    """A shallow copy of ``module`` of class ``cls``: same Parameters and children, its own containers."""
-    new = cls.__new__(cls)
-    new.__dict__ = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in module.__dict__.items()}
-    return new
-
-
-def _cloned(p: torch.Tensor | None) -> nn.Parameter | None:
-    return None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-
-
 class NarrowMultiheadAttention(nn.MultiheadAttention):
     """``nn.MultiheadAttention`` whose ``num_heads * head_dim`` channels are fewer than its ``embed_dim`` (the export
     of a :class:`SubnetMultiheadAttention` running fewer heads; see the module docstring for why the base class
@@ -384,7 +368,7 @@ class SubnetMultiheadAttention(Operator, nn.MultiheadAttention):
     @classmethod
     def from_module(cls, mha: nn.MultiheadAttention, group: int) -> SubnetMultiheadAttention:
         """A copy of ``mha`` holding the same Parameters and ``out_proj`` (``mha`` itself is not changed)."""
-        new = _copy_as(mha, cls)
+        new = shallow_copy_as(mha, cls)
         new.group = group
         return new
 
@@ -436,27 +420,29 @@ class SubnetMultiheadAttention(Operator, nn.MultiheadAttention):
     def export_dense(self, entry: tuple | None, rebuild: Callable[[nn.Module], nn.Module]) -> nn.Module:
         """An independent ``nn.MultiheadAttention`` (all heads) or :class:`NarrowMultiheadAttention` (fewer)."""
         k = self.embed_dim if entry is None else entry[0] * self.head_dim
-        dense = _copy_as(self, nn.MultiheadAttention if entry is None else NarrowMultiheadAttention)
+        dense = shallow_copy_as(self, nn.MultiheadAttention if entry is None else NarrowMultiheadAttention)
         for name in ("group", "_op_index", "_subnetact_state"):
             dense.__dict__.pop(name, None)
         (wq, wk, wv), (bq, bk, bv) = _mha_parts(self, k)
         params = dict.fromkeys(self._parameters)
         if self._qkv_same_embed_dim:
-            params["in_proj_weight"] = _cloned(torch.cat([wq, wk, wv]))
+            params["in_proj_weight"] = cloned_parameter(torch.cat([wq, wk, wv]))
         else:
-            params.update(q_proj_weight=_cloned(wq), k_proj_weight=_cloned(wk), v_proj_weight=_cloned(wv))
+            for name, w in zip(("q_proj_weight", "k_proj_weight", "v_proj_weight"), (wq, wk, wv)):
+                params[name] = cloned_parameter(w)
         if self.in_proj_bias is not None:
-            params["in_proj_bias"] = _cloned(torch.cat([bq, bk, bv]))
+            params["in_proj_bias"] = cloned_parameter(torch.cat([bq, bk, bv]))
         for name in params:
             if params[name] is None and self._parameters[name] is not None:
-                params[name] = _cloned(self._parameters[name])  # bias_k / bias_v (not sliced: refused by convert)
+                # bias_k / bias_v (not sliced: refused by convert)
+                params[name] = cloned_parameter(self._parameters[name])
         dense._parameters = params
         dense._buffers = {n: None if b is None else b.detach().clone() for n, b in self._buffers.items()}
         out = self.out_proj
         with torch.device("meta"):
             proj = type(out)(k, out.out_features, bias=out.bias is not None)
-        proj.weight = _cloned(out.weight[:, :k])
-        proj.bias = _cloned(out.bias)
+        proj.weight = cloned_parameter(out.weight[:, :k])
+        proj.bias = cloned_parameter(out.bias)
         proj.training = out.training
         dense._modules = {**{n: rebuild(m) for n, m in self._modules.items() if m is not None}, "out_proj": proj}
         if entry is not None:
@@ -464,7 +450,7 @@ class SubnetMultiheadAttention(Operator, nn.MultiheadAttention):
         return dense
 
     def to_base(self) -> nn.MultiheadAttention:
-        base = _copy_as(self, nn.MultiheadAttention)
+        base = shallow_copy_as(self, nn.MultiheadAttention)
         for name in ("group", "_op_index", "_subnetact_state"):
             base.__dict__.pop(name, None)
         return base

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from torch import nn
 
 from .config import SubnetConfig
-from .operator import Operator
+from .operator import Operator, shallow_copy_as
 
 
 class HeadCount(Operator):
@@ -112,8 +112,7 @@ def head_count_copy(
     operators (and a rollback putting the original back) never changes the original module.
     """
     cls = head_count_class(type(attention), heads_attr, all_head_size_attr)
-    new = cls.__new__(cls)
-    new.__dict__ = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in attention.__dict__.items()}
+    new = shallow_copy_as(attention, cls)
     new.group, new.head_size = group, head_size
     new.heads_attr, new.all_head_size_attr = heads_attr, all_head_size_attr
     return new

@@ -3,12 +3,27 @@ treat built-in and user-defined operators alike."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from .config import SubnetConfig
+
+
+def shallow_copy_as(module: nn.Module, cls: type) -> nn.Module:
+    """A copy of ``module`` of class ``cls`` holding the same Parameters and children, with its own containers, so
+    replacing the copy's children (or a rollback putting the original back) never changes ``module``."""
+    new = cls.__new__(cls)
+    new.__dict__ = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in module.__dict__.items()}
+    return new
+
+
+def cloned_parameter(p: torch.Tensor | None) -> nn.Parameter | None:
+    """An independent Parameter with ``p``'s values and ``requires_grad`` (None stays None): for exports."""
+    return None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
 
 
 class Operator:

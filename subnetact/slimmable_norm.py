@@ -13,7 +13,6 @@ Shapes: LayerNorm ``x`` (..., k) -> (..., k); GroupNorm ``x`` (N, k, *) -> (N, k
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
@@ -21,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
-from .operator import Operator
+from .operator import Operator, cloned_parameter, shallow_copy_as
 
 #: nn.LayerNorm subclasses whose forward is ``F.layer_norm`` over their one normalised dimension (by qualified name,
 #: so timm is not imported): timm's ``LayerNorm`` (its optional fast kernel computes the same function).
@@ -48,16 +47,6 @@ def is_group_norm(module: nn.Module) -> bool:
     return type(module) is nn.GroupNorm
 
 
-def _copy_as(module: nn.Module, cls: type) -> nn.Module:
-    new = cls.__new__(cls)
-    new.__dict__ = {k: copy.copy(v) if isinstance(v, (dict, set, list)) else v for k, v in module.__dict__.items()}
-    return new
-
-
-def _cloned(p: torch.Tensor | None) -> nn.Parameter | None:
-    return None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-
-
 class _SlicedAffineNorm(Operator):
     """Shared parts: built as a copy of the original norm holding the same Parameters; export and unconvert give
     back the original class."""
@@ -68,12 +57,12 @@ class _SlicedAffineNorm(Operator):
     @classmethod
     def from_module(cls, norm: nn.Module, group: int) -> nn.Module:
         """A copy of ``norm`` (same Parameters; ``norm`` itself is not changed) slicing channel group ``group``."""
-        new = _copy_as(norm, cls)
+        new = shallow_copy_as(norm, cls)
         new.group, new._base_class = group, type(norm)
         return new
 
     def _plain(self) -> nn.Module:
-        plain = _copy_as(self, self._base_class)
+        plain = shallow_copy_as(self, self._base_class)
         for name in _OPERATOR_ATTRS:
             plain.__dict__.pop(name, None)
         return plain
@@ -90,7 +79,7 @@ class _SlicedAffineNorm(Operator):
     def export_dense(self, entry: tuple | None, rebuild: Callable[[nn.Module], nn.Module]) -> nn.Module:
         k = self._full() if entry is None else entry[0]
         dense = self._plain()
-        dense._parameters = {n: _cloned(None if p is None else p[:k]) for n, p in self._parameters.items()}
+        dense._parameters = {n: cloned_parameter(None if p is None else p[:k]) for n, p in self._parameters.items()}
         dense._buffers = {n: None if b is None else b.detach().clone() for n, b in self._buffers.items()}
         self._resize(dense, k)
         return dense
