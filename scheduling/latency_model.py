@@ -18,8 +18,9 @@ The model is multiplicative, in log space::
   for it, and a common slowdown ends up in the worker factor, which also scales the entries never measured.
 - ``tail`` is each worker's live spread: an online estimate of the 98th percentile of the log ratio measured /
   estimated — over a worker's first 32 batches the empirical quantile minus the median (its spread, whatever its
-  speed), then a stochastic quantile (step ``tail_step``) that follows changes. The published **p99** of an entry is the larger of the prior's
-  p99 (scaled like the mean) and the estimated mean times ``exp(tail)`` of the most spread-out worker. This matters on
+  speed), then a stochastic quantile (step ``tail_step``) that follows changes. The published **p99** of an entry is
+  the larger of the prior's p99 (scaled like the mean) and the estimated mean times ``exp(tail)`` of the most
+  spread-out worker. This matters on
   a shared CPU: a descheduled thread (CPU steal) makes a few batches take several times longer while most run at
   profiled speed. The median, and so the worker factor, barely moves, but a policy planning with p99 must see the
   tail or it plans batches that finish late (reproduced in the simulator with an intermittent

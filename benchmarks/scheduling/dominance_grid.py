@@ -193,7 +193,8 @@ def main() -> None:
         f"{wall:.0f} s wall ({' '.join(sys.argv[1:]) or 'defaults'})"
     )
     print(
-        f"{'W':>2} {'rate':>6} {'cv2':>4} {'SLO':>4} {'interf':<12} {'SlackFit att/acc':>17} {'best baseline att/acc':>28} "
+        f"{'W':>2} {'rate':>6} {'cv2':>4} {'SLO':>4} {'interf':<12} {'SlackFit att/acc':>17} "
+        f"{'best baseline att/acc':>28} "
         f"{'regime':<9} verdict"
     )
     out, n_ok, n_dom = [], 0, 0

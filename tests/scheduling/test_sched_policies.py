@@ -179,7 +179,8 @@ def test_backlog_aware_slackfit_by_hand_on_a40():
     """Issue 20's mechanism: 4 workers at 8000 q/s. Each must serve 2000 x 1.1 = 2200 req/s (headroom 1.1); on the A40
     profile only subnet 0 at batch 16 (2430/s) and 32 (2645/s) does. With a 40-request queue and 15 ms of slack the
     paper's rule picks subnet 1 at 32 (14.66 ms, 2183/s: the queue would grow); the backlog-aware rule picks subnet 0
-    at 32 (12.10 ms), and drops a head with less than 6.58 ms (subnet 0 at batch 16) instead of running a batch of 8."""
+    at 32 (12.10 ms), and drops a head with less than 6.58 ms (subnet 0 at batch 16) instead of running a batch of
+    8."""
     p = datasets.superserve_a40_profile()
     paper = SlackFit(p, latency_stat="mean", backlog_aware=False)
     sf = SlackFit(p, latency_stat="mean", num_workers=4, headroom=1.1)
