@@ -252,6 +252,10 @@ class ServingApp:
             # The backstop: the backend should answer by the deadline (+ its grace); if it does not, we do.
             backstop = max(0.0, deadline_wall - time.time()) + self.backstop_s
             result = await asyncio.wait_for(self.backend.infer(payload, deadline_wall), backstop)
+        except DeadlineMissedError as exc:  # first: it is also a TimeoutError
+            raise _Answer(
+                504, "deadline_missed", {"error": "deadline missed", "detail": str(exc), "deadline_ms": budget_ms}
+            ) from None
         except asyncio.TimeoutError:
             raise _Answer(
                 504,
@@ -261,10 +265,6 @@ class ServingApp:
                     "detail": f"the backend did not answer within {self.backstop_s:g} s of the deadline",
                     "deadline_ms": budget_ms,
                 },
-            ) from None
-        except DeadlineMissedError as exc:
-            raise _Answer(
-                504, "deadline_missed", {"error": "deadline missed", "detail": str(exc), "deadline_ms": budget_ms}
             ) from None
         except QueueFullError as exc:
             raise _Answer(429, "queue_full", {"error": "queue full", "detail": str(exc)}) from None

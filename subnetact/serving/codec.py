@@ -97,9 +97,9 @@ def parse_budget_ms(value: Any, source: str) -> float:
 def parse_budget_header(text: str, source: str = "X-Deadline-Ms") -> float:
     """A deadline budget in ms from a header value written as plain decimal digits (``50``, ``12.5``): no sign,
     exponent, spaces, ``_`` or non-ASCII digits; then :func:`parse_budget_ms`'s range."""
-    if not _HEADER_BUDGET.fullmatch(text):
+    if not _HEADER_BUDGET.fullmatch(text) or not 0 < float(text) <= MAX_DEADLINE_MS:
         raise _range_error(text, source, ", written as plain digits (e.g. 50 or 12.5)")
-    return parse_budget_ms(float(text), source)
+    return float(text)
 
 
 def _check_input(x: np.ndarray, input_shape: Sequence[int], source: str) -> np.ndarray:
