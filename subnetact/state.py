@@ -18,9 +18,11 @@ pinned (registered) plans.
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,20 @@ from .weight_cache import WeightCache, default_budget_bytes
 
 # Plans for configs that are not registered are cached in an LRU of this size (registered ones are pinned).
 PLAN_CACHE_SIZE = 1024
+
+
+def active_size(width: float, full: int, unit: int = 1) -> int:
+    """Channels a group of ``full`` channels in whole units of ``unit`` runs at ``width``: ``unit * ceil(width *
+    full / unit)``, at least one unit. The one definition of the width rounding (the trace, block rules, the Hugging
+    Face adapter and its verification all use it, so an export and the supernet never disagree by a channel)."""
+    units = full // unit
+    # The 1e-9 keeps e.g. ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
+    return unit * max(1, math.ceil(width * units - 1e-9))
+
+
+def width_sizes(full: int, choices: Iterable[float], unit: int = 1) -> tuple[tuple[float, int], ...]:
+    """``ChannelGroup.sizes`` of a group of ``full`` channels: ``(w, active_size(w, full, unit))`` per choice."""
+    return tuple((w, active_size(w, full, unit)) for w in choices)
 
 
 @dataclass(frozen=True)

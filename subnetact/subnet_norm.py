@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
+from .handlers import OperatorEntry, register_operator_kind
 from .operator import Operator
+from .slimmable_norm import slimmable_norm
 
 
 class SubnetNorm(Operator, nn.BatchNorm2d):
@@ -152,3 +154,13 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group={self.group}"
+
+
+@register_operator_kind("norm")
+def norm_layer(norm: nn.Module, entry: OperatorEntry) -> nn.Module:
+    """Handler of kind ``"norm"``: a BatchNorm becomes a :class:`SubnetNorm` (group None: unsliced, still
+    calibrated per subnet); a LayerNorm / GroupNorm a slimmable norm (kind ``"slimmable_norm"``)."""
+    (group,) = entry.groups
+    if isinstance(norm, (nn.LayerNorm, nn.GroupNorm)):
+        return slimmable_norm(norm, entry)
+    return SubnetNorm.from_module(norm, group)

@@ -8,6 +8,7 @@ from torch import nn
 
 from .config import SubnetConfig
 from .errors import ConfigError
+from .handlers import OperatorEntry, register_operator_kind
 from .operator import Operator
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -332,3 +333,11 @@ class WeightSliceLinear(WeightSlice, nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, out_group={self.out_group}, in_group={self.in_group}"
+
+
+@register_operator_kind("slice")
+def slice_layer(layer: nn.Module, entry: OperatorEntry) -> WeightSlice:
+    """Handler of kind ``"slice"``: an ``nn.Conv2d`` / ``nn.Linear`` slicing groups ``(out_group, in_group)``."""
+    out_group, in_group = entry.groups
+    cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
+    return cls.from_module(layer, out_group, in_group)

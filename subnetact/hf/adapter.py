@@ -21,20 +21,19 @@ changes (:mod:`subnetact.hf.verify`).
 from __future__ import annotations
 
 import copy
-import math
 import re
 import sys
 from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
 from ..head_count import head_count_factory
 from ..layer_select import EVERY_OTHER
+from ..plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..space import Entry
-from ..state import ChannelGroup, Plan
+from ..state import ChannelGroup, Plan, active_size
 from .families import _BY_LAYER_CLASS, _FAMILIES, TransformerFamily, all_layer_parts, find_layers
 from .verify import ExampleInputs, verify_family
 
@@ -42,14 +41,13 @@ WIDTH_LINK = {"width": ("heads", "ffn")}
 
 
 def active_heads(width: float, heads: int) -> int:
-    """Whole heads kept at ``width``: ``ceil(width * heads)``, at least 1."""
-    # The 1e-9 keeps ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
-    return max(1, math.ceil(width * heads - 1e-9))
+    """Whole heads kept at ``width``: ``ceil(width * heads)``, at least 1 (:func:`subnetact.state.active_size`)."""
+    return active_size(width, heads)
 
 
 def active_neurons(width: float, size: int) -> int:
-    """FFN neurons kept at ``width``: ``ceil(width * size)``, at least 1."""
-    return max(1, math.ceil(width * size - 1e-9))
+    """FFN neurons kept at ``width``: ``ceil(width * size)``, at least 1 (:func:`subnetact.state.active_size`)."""
+    return active_size(width, size)
 
 
 #: The oldest transformers release the Hugging Face support is tested with (CI's .ci/oldest.txt).
