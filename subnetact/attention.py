@@ -198,9 +198,9 @@ class PackedSliceLinear(WeightSlice, nn.Linear):
         weights, biases = self._parts(k)
         with torch.device("meta"):
             dense = nn.Linear(self.in_features, self.chunks * k, bias=self.bias is not None)
-        dense.weight = nn.Parameter(torch.cat(weights).detach().clone(), requires_grad=self.weight.requires_grad)
+        dense.weight = cloned_parameter(torch.cat(weights), self.weight.requires_grad)
         if self.bias is not None:
-            dense.bias = nn.Parameter(torch.cat(biases).detach().clone(), requires_grad=self.bias.requires_grad)
+            dense.bias = cloned_parameter(torch.cat(biases), self.bias.requires_grad)
         dense.training = self.training
         return dense
 

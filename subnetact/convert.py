@@ -22,8 +22,8 @@ from .plan import (  # noqa: F401  (ConvertConfig, register_model_adapter: kept 
 )
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
 from .space import Entry, Space
-from .state import ActuationState, ChannelGroup, width_sizes
-from .supernet import SupernetMixin, state_of, supernet_class
+from .state import ActuationState, ChannelGroup, state_of, width_sizes
+from .supernet import SupernetMixin, from_supernet, to_supernet
 from .trace import sliceable_kind
 from .verify import (
     MODE_SENSITIVE,
@@ -278,10 +278,8 @@ def apply_conversion(
             ]
         state = ActuationState(space, ops, plan.groups, config)
         for i, op in enumerate(ops):
-            op._op_index = i
-            op._subnetact_state = state
-        model.__class__ = supernet_class(type(model))
-        model._subnetact = state
+            op.bind(state, i)
+        to_supernet(model, state)
         state.invalidate()
     except BaseException:
         rollback(model, replaced)
@@ -311,10 +309,7 @@ def rollback(model: nn.Module, replaced: list[tuple[nn.Module, str, Any]]) -> No
     for parent, name, original in reversed(replaced):
         setattr(parent, name, original)
     replaced.clear()
-    base = getattr(type(model), "_subnetact_base", None)
-    if base is not None and isinstance(model, SupernetMixin):
-        model.__class__ = base
-    model.__dict__.pop("_subnetact", None)
+    from_supernet(model)
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -326,8 +321,7 @@ def unconvert(model: nn.Module) -> nn.Module:
     for path, module in reversed(list(model.named_modules())):
         if isinstance(module, Operator):
             _replace(model, path, module.to_base())
-    del model._subnetact
-    model.__class__ = type(model)._subnetact_base
+    from_supernet(model)
     return model
 
 
