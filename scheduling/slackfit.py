@@ -43,15 +43,15 @@ Planning margin: SlackFit plans with ``latency_stat="p99"`` by default and asks 
 runs slower than average; planning at the measured tail leaves room for noise and intermittent interference
 (a shared CPU, a noisy neighbour) and costs accuracy only where the tail is wide.
 
-``decide()`` stays O(log n): the sustainable sets are nested (a higher rate removes choices), so a table is built per
-level of a geometric grid of throughputs (ratio ``1.02``) and per queue-length class, and ``decide`` is one
-exponential, one bisection into the levels and the paper's bucket query.
+``decide()`` stays O(log n): the sustainable sets are nested (a higher rate removes choices), so there is one table per
+level of a geometric grid of throughputs (ratio ``1.02``) and per queue-length class, built the first time a decision
+needs it, and ``decide`` is one exponential, one bisection into the levels and the paper's bucket query.
 """
 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from .errors import InvalidRequestError
@@ -152,7 +152,7 @@ class SlackFit(Policy):
         >>> (d.subnet_id, d.batch_size, d.fits)
         (1, 32, True)
         >>> policy.set_num_workers(4)
-        >>> policy.observe_arrivals(0.1, 400)        # 8000 q/s for 4 workers: batch 8 no longer keeps up
+        >>> policy.observe_arrivals(0.1, 450)        # 9000 q/s for 4 workers: subnet 1 (2183/s) cannot keep up
         >>> d = policy.decide(0.015, 40, 0.1)
         >>> (d.subnet_id, d.batch_size)
         (0, 32)
@@ -231,6 +231,7 @@ class SlackFit(Policy):
         self._width = (self._hi - self._lo) / self.num_buckets or 1.0
         mean = {(s.id, b): st.mean_s for s in self.profile.subnets for b, st in s.latency.items()}
         throughput = {c: c.batch / mean[(c.subnet_id, c.batch)] for c in self._all}
+        self._mean, self._throughput = mean, throughput
         lo_tp, hi_tp = min(throughput.values()), max(throughput.values())
         levels = [0.0]
         x = lo_tp
@@ -239,11 +240,13 @@ class SlackFit(Policy):
             x *= _LEVEL_RATIO
         self._levels = levels
         bs = self._batch_sizes
-        # One table set per queue-length class, plus one for queues longer than the largest batch (index len(bs)),
-        # where no choice takes the whole queue.
-        classes = list(self._classes())
-        tables: list[list[_BucketTable] | None] = [None] * (len(bs) + 1)
-        for k in [*classes, len(bs)]:
+        # One table list per queue-length class, plus one for queues longer than the largest batch (index len(bs)),
+        # where no choice takes the whole queue. The backlog-aware tables are built lazily, one (class, level) at a
+        # time when decide() first needs it: a profile of 1000 subnets x 16 batch sizes has thousands of levels x
+        # classes, of which a run visits a few, and every LatencyModel re-plan starts them afresh.
+        self._class_info: list[tuple[list[Choice], int | None] | None] = [None] * (len(bs) + 1)
+        tables: list[list[_BucketTable | None] | None] = [None] * (len(bs) + 1)
+        for k in [*self._classes(), len(bs)]:
             kk = min(k, self._k_last)
             raw = self._candidates(kk)
             if not self.backlog_aware:
@@ -251,28 +254,31 @@ class SlackFit(Policy):
                 tables[k] = [_BucketTable(cands, self._lo, self._width, self.num_buckets)]
                 continue
             whole_queue = bs[kk] if k < len(bs) and self.queue_aware else None
-            per_level: list[_BucketTable] = []
-            prev_n = -1
-            for level in levels:
-                # Filter, then the Pareto filter: a choice's dominator (no slower at the planning statistic) need not
-                # be sustainable (throughput is at the mean).
-                subset = [c for c in raw if throughput[c] >= level or c.batch == whole_queue]
-                if not subset:
-                    break  # higher levels are empty too: decide() clamps to the last non-empty one
-                if len(subset) == prev_n:
-                    per_level.append(per_level[-1])  # nested sets: same size means same set
-                    continue
-                prev_n = len(subset)
-                table = _BucketTable(
-                    _pareto(subset, bs) if self.pareto else subset, self._lo, self._width, self.num_buckets
-                )
-                table.drop_below = min(mean[(c.subnet_id, c.batch)] for c in subset)
-                per_level.append(table)
-            tables[k] = per_level
+            if any(c.batch == whole_queue for c in raw):
+                top = len(levels) - 1  # the whole-queue choices are in every level
+            else:
+                top = bisect_right(levels, max(throughput[c] for c in raw)) - 1
+            self._class_info[k] = (raw, whole_queue)
+            tables[k] = [None] * (top + 1)
         for k in range(len(bs) - 1, -1, -1):
             if tables[k] is None:
                 tables[k] = tables[k + 1]
+                self._class_info[k] = self._class_info[k + 1]
         self._tables = tables
+
+    def _build(self, k: int, i: int) -> _BucketTable:
+        """The table of queue class ``k`` at throughput level ``i``: the paper's rule over the sustainable choices."""
+        raw, whole_queue = self._class_info[k]
+        level, throughput = self._levels[i], self._throughput
+        # Filter, then the Pareto filter: a choice's dominator (no slower at the planning statistic) need not be
+        # sustainable (throughput is at the mean).
+        subset = [c for c in raw if throughput[c] >= level or c.batch == whole_queue]
+        table = _BucketTable(
+            _pareto(subset, self._batch_sizes) if self.pareto else subset, self._lo, self._width, self.num_buckets
+        )
+        table.drop_below = min(self._mean[(c.subnet_id, c.batch)] for c in subset)
+        self._tables[k][i] = table
+        return table
 
     @property
     def bucket_edges(self) -> list[float]:
@@ -280,13 +286,17 @@ class SlackFit(Policy):
         return [self._lo + i * self._width for i in range(self.num_buckets)] + [self._hi]
 
     def _table(self, queue_len: int, rate: float) -> _BucketTable:
-        per_level = self._tables[self._k_of[queue_len] if queue_len <= self._max_batch else len(self._batch_sizes)]
-        if len(per_level) == 1:
+        k = self._k_of[queue_len] if queue_len <= self._max_batch else len(self._batch_sizes)
+        per_level = self._tables[k]
+        if not self.backlog_aware:
             return per_level[0]
         # Sustainable: throughput >= demand. Level i holds the choices with throughput >= levels[i], so the first
         # level >= the demand holds only sustainable ones; past the last level (overload) the most sustainable.
         i = bisect_left(self._levels, rate * self.headroom / (self.num_workers * self.capacity_scale))
-        return per_level[i if i < len(per_level) else -1]
+        if i >= len(per_level):
+            i = len(per_level) - 1
+        t = per_level[i]
+        return t if t is not None else self._build(k, i)
 
     # --------------------------------------------------------------- decide
     def decide(self, slack_s: float, queue_len: int, now: float) -> Decision:
