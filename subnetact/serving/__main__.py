@@ -10,6 +10,7 @@ SIGTERM drains (see :func:`subnetact.serving.serve`). Across machines, use :mod:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import torch
@@ -42,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--input-shape", type=_shape, help="one request's input shape, e.g. 3,224,224")
     model.add_argument("--postprocess", default="argmax", choices=["argmax", "logits"])
     model.add_argument("--device", default="cpu")
-    model.add_argument("--threads", type=int, default=None, help="torch threads")
+    model.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 with --digits)"
+    )
     sched = p.add_argument_group("scheduling")
     sched.add_argument("--policy", default="slackfit", help="slackfit, maxacc, maxbatch, mincost or fixed:<id>")
     sched.add_argument("--workers", type=int, default=1, help="worker threads, one batch at a time each")
@@ -62,12 +65,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:  # the plan's log lines (subnetact.serving) go to stderr
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     if args.digits:
         from .digits import digits_spec
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        spec = digits_spec(args.profile, threads=args.threads)
+        # One intra-op thread: the digits supernet is too small for more to pay, and on a busy 2-core machine two
+        # threads that wait for each other made the start-up profile 30-380x too slow (issue 20).
+        threads = 1 if args.threads is None else args.threads
+        torch.set_num_threads(threads)
+        if args.profile is None:
+            logging.getLogger("subnetact.serving").info("profiling the digits supernet on this machine ...")
+        spec = digits_spec(args.profile, threads=threads)
     else:
         missing = [f"--{n}" for n in ("checkpoint", "factory", "profile") if getattr(args, n) is None]
         if args.input_shape is None:

@@ -21,7 +21,9 @@ Endpoints:
   ====  ==========================================================================================================
 
 - ``GET /healthz``: 200 while the process serves HTTP (liveness).
-- ``GET /readyz``: 200 when a request would be served now; 503 while draining or without a live worker (readiness).
+- ``GET /readyz``: 200 when a request would be served now; 503 while draining, without a live worker, or while no
+  subnet can meet ``default_deadline_ms`` by the backend's current plan (readiness; the body's ``reason`` says which;
+  see :class:`~subnetact.serving.PlanGuard`, which also probes the backend until its plan recovers).
 - ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
 - ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length.
 """
@@ -47,6 +49,7 @@ from scheduling import (
 from .backend import Backend
 from .codec import DEADLINE_HEADER, JSON_TYPE, TENSOR_TYPE, RequestError, decode_json, decode_tensor, parse_budget_ms
 from .metrics import ServingMetrics
+from .plan_guard import PlanGuard
 
 __all__ = ["ServingApp"]
 
@@ -103,6 +106,7 @@ class ServingApp:
         self.draining = False  # new predictions are refused (503)
         self.unready = False  # /readyz answers 503, predictions are still served
         self.metrics = ServingMetrics(queue_length=backend.queue_len)
+        self.plan_guard = PlanGuard(backend, budget_s=self.default_deadline_ms / 1e3, input_shape=self.input_shape)
         backend.set_batch_observer(self.metrics.batch_size.observe)
         self._app = Starlette(
             routes=[
@@ -242,6 +246,9 @@ class ServingApp:
             return self._json(503, {"ready": False, "reason": "draining"})
         if not self.backend.ready():
             return self._json(503, {"ready": False, "reason": "no live worker"})
+        plan = self.plan_guard.check()
+        if not plan.feasible:
+            return self._json(503, {"ready": False, "reason": plan.reason})
         return self._json(200, {"ready": True})
 
     async def _metrics(self, request):
@@ -258,7 +265,14 @@ class ServingApp:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
-        yield
+        # Logs the plan and, while no subnet can meet the budget, probes the backend so that its plan recovers.
+        guard = asyncio.get_running_loop().create_task(self.plan_guard.run())
+        try:
+            yield
+        finally:
+            guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await guard
         # uvicorn has stopped accepting and finished the in-flight requests; serve what is still queued, then stop.
         self.begin_drain()
         await self.backend.close()
