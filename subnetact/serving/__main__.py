@@ -50,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--policy", default="slackfit", help="slackfit, maxacc, maxbatch, mincost or fixed:<id>")
     sched.add_argument("--workers", type=int, default=1, help="worker threads, one batch at a time each")
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
+    sched.add_argument(
+        "--latency-stat",
+        default="p99",
+        choices=["mean", "p99"],
+        help="what the policy plans with (default p99: with the latency model, it includes the live spread)",
+    )
+    sched.add_argument(
+        "--static-profile",
+        action="store_true",
+        help="plan with the profile as given, never corrected from measured batch times (no latency model)",
+    )
     http = p.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8000)
@@ -88,7 +99,15 @@ def main(argv: list[str] | None = None) -> int:
             args.checkpoint, args.factory, args.profile, args.input_shape, args.postprocess, args.device, args.threads
         )
     runner = spec.build()
-    backend = LocalBackend(runner, runner.profile, policy=args.policy, workers=args.workers, max_queue=args.max_queue)
+    backend = LocalBackend(
+        runner,
+        runner.profile,
+        policy=args.policy,
+        workers=args.workers,
+        max_queue=args.max_queue,
+        latency_model=not args.static_profile,
+        latency_stat=args.latency_stat,
+    )
     app = ServingApp(
         backend,
         input_shape=spec.input_shape,

@@ -42,17 +42,18 @@ def wall_to_monotonic(deadline_wall: float) -> float:
     return time.monotonic() + (deadline_wall - time.time())
 
 
-def make_policy(name: str | Policy, profile: Profile) -> Policy:
-    """A policy by name: ``slackfit``, ``maxacc``, ``maxbatch``, ``mincost`` or ``fixed:<subnet id>``."""
+def make_policy(name: str | Policy, profile: Profile, *, latency_stat: str = "mean") -> Policy:
+    """A policy by name: ``slackfit``, ``maxacc``, ``maxbatch``, ``mincost`` or ``fixed:<subnet id>``, planning with
+    the profile's ``latency_stat`` (``"mean"`` or ``"p99"``; ignored for a :class:`scheduling.Policy` instance)."""
     if isinstance(name, Policy):
         return name
     if name in _POLICIES:
-        return _POLICIES[name](profile)
+        return _POLICIES[name](profile, latency_stat=latency_stat)
     if isinstance(name, str) and name.startswith("fixed:"):
         key = name.split(":", 1)[1]
         ids = {str(i): i for i in profile.ids}
         if key in ids:
-            return Fixed(profile, ids[key])
+            return Fixed(profile, ids[key], latency_stat=latency_stat)
     allowed = [*_POLICIES, *(f"fixed:{i}" for i in profile.ids)]
     raise ValueError(f"policy={name!r} is not one of {allowed}")
 
@@ -96,6 +97,8 @@ class LocalBackend:
             profile, so a profile measured on a busy machine (or another one) converges to this machine's speed
             within a few batches. A ``LatencyModel`` built on ``profile`` uses that one; ``False``: the static
             profile.
+        latency_stat: ``"mean"`` (default) or ``"p99"``: what a policy given by name plans with (with the latency
+            model on, the p99 includes the live spread of the batch times it measures).
 
     ``adaptive`` says whether a latency model is on; :class:`~subnetact.serving.PlanGuard` then probes while the plan
     is infeasible.
@@ -110,6 +113,7 @@ class LocalBackend:
         workers: int = 1,
         max_queue: int = 1000,
         latency_model: LatencyModel | bool = True,
+        latency_stat: str = "mean",
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r} must be an int >= 1")
@@ -122,7 +126,7 @@ class LocalBackend:
         self.profile = profile
         self.runner = runner
         self._observe_batch: Callable[[int], None] | None = None
-        self.policy = make_policy(policy, profile)
+        self.policy = make_policy(policy, profile, latency_stat=latency_stat)
         self.latency_model = latency_model
         self.adaptive = latency_model is not None
         self.scheduler = Scheduler(
