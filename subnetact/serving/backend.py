@@ -17,9 +17,15 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from scheduling import Fixed, LatencyModel, MaxAcc, MaxBatch, MinCost, Policy, Profile, Scheduler, SlackFit
+from scheduling import LatencyModel, Policy, Profile, Scheduler, make_policy
 
-__all__ = ["PROFILE_ERROR_LIMIT", "Backend", "LocalBackend", "make_policy", "wall_to_monotonic"]
+__all__ = [
+    "PROFILE_ERROR_LIMIT",
+    "Backend",
+    "LocalBackend",
+    "make_policy",
+    "wall_to_monotonic",
+]  # scheduling.make_policy
 
 PROFILE_ERROR_LIMIT = 1000.0
 """The server's latency model accepts batch timings up to this factor away from the profile (``max_ratio``).
@@ -29,33 +35,10 @@ was measured on a busy machine: with two torch threads on a 2-core machine runni
 out 30-380x too slow (issue 20), and samples rejected as out of range would have left it so forever. A timing the
 worker really took is never absurd, and one sample still moves the estimate by at most 2x (``clip``)."""
 
-_POLICIES: dict[str, Callable[[Profile], Policy]] = {
-    "slackfit": SlackFit,
-    "maxacc": MaxAcc,
-    "maxbatch": MaxBatch,
-    "mincost": MinCost,
-}
-
 
 def wall_to_monotonic(deadline_wall: float) -> float:
     """A ``time.time()`` deadline as a ``time.monotonic()`` deadline of this process."""
     return time.monotonic() + (deadline_wall - time.time())
-
-
-def make_policy(name: str | Policy, profile: Profile, *, latency_stat: str = "mean") -> Policy:
-    """A policy by name: ``slackfit``, ``maxacc``, ``maxbatch``, ``mincost`` or ``fixed:<subnet id>``, planning with
-    the profile's ``latency_stat`` (``"mean"`` or ``"p99"``; ignored for a :class:`scheduling.Policy` instance)."""
-    if isinstance(name, Policy):
-        return name
-    if name in _POLICIES:
-        return _POLICIES[name](profile, latency_stat=latency_stat)
-    if isinstance(name, str) and name.startswith("fixed:"):
-        key = name.split(":", 1)[1]
-        ids = {str(i): i for i in profile.ids}
-        if key in ids:
-            return Fixed(profile, ids[key], latency_stat=latency_stat)
-    allowed = [*_POLICIES, *(f"fixed:{i}" for i in profile.ids)]
-    raise ValueError(f"policy={name!r} is not one of {allowed}")
 
 
 class Backend(Protocol):
@@ -70,7 +53,7 @@ class Backend(Protocol):
         """Requests waiting."""
 
     def ready(self) -> bool:
-        """Whether a request sent now could be served (a live worker, not closing)."""
+        """Whether a request sent now could be served (a live worker that is not stuck, not closing)."""
 
     def fastest_latency_s(self) -> float:
         """The fastest latency the policy can serve a lone request with now (its drop-rule threshold), seconds.
@@ -99,6 +82,8 @@ class LocalBackend:
             profile.
         latency_stat: ``"mean"`` (default) or ``"p99"``: what a policy given by name plans with (with the latency
             model on, the p99 includes the live spread of the batch times it measures).
+        deadline_grace_s: The scheduler's ``deadline_grace_s``: a request still running on a worker this long past
+            its deadline is answered ``DeadlineMissedError`` (HTTP 504) and the worker marked stuck. Default 0.5 s.
 
     ``adaptive`` says whether a latency model is on; :class:`~subnetact.serving.PlanGuard` then probes while the plan
     is infeasible.
@@ -114,6 +99,7 @@ class LocalBackend:
         max_queue: int = 1000,
         latency_model: LatencyModel | bool = True,
         latency_stat: str = "mean",
+        deadline_grace_s: float = 0.5,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r} must be an int >= 1")
@@ -130,7 +116,11 @@ class LocalBackend:
         self.latency_model = latency_model
         self.adaptive = latency_model is not None
         self.scheduler = Scheduler(
-            self.policy, [self._run] * workers, max_queue=max_queue, latency_model=latency_model
+            self.policy,
+            [self._run] * workers,
+            max_queue=max_queue,
+            latency_model=latency_model,
+            deadline_grace_s=deadline_grace_s,
         )
 
     def _run(self, subnet_id: Any, payloads: list[Any]) -> list[Any]:
@@ -148,7 +138,11 @@ class LocalBackend:
         return self.scheduler.queue_len
 
     def ready(self) -> bool:
-        return bool(self.scheduler.workers)
+        return bool(self.scheduler.healthy_workers)
+
+    def stuck_workers(self) -> int:
+        """Workers marked stuck by the scheduler (their batch ran past a deadline + grace)."""
+        return len(self.scheduler.stuck_workers)
 
     def fastest_latency_s(self) -> float:
         # Read without the scheduler's lock: a concurrent re-plan replaces the policy's tables whole, so this sees
