@@ -58,9 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
     sched.add_argument(
         "--latency-stat",
-        default="p99",
+        default="mean",
         choices=["mean", "p99"],
-        help="what the policy plans with (default p99: with the latency model, it includes the live spread)",
+        help="what the policy plans with (p99: with the latency model, including the live spread of batch times)",
     )
     sched.add_argument(
         "--static-profile",

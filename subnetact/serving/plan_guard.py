@@ -102,6 +102,7 @@ class PlanGuard:
 
     @property
     def adaptive(self) -> bool:
+        """Whether the backend learns from probes (its ``adaptive`` attribute: a latency model is on)."""
         return bool(getattr(self.backend, "adaptive", False))
 
     def describe(self, status: PlanStatus) -> str:
