@@ -25,7 +25,7 @@ from .trace import sliceable_kind
 from .verify import (
     MODE_SENSITIVE,
     check_largest,
-    check_smallest,
+    check_subnets,
     detached_copy,
     one_thread,
     plain_output,
@@ -174,7 +174,7 @@ def convert(
                     reference = plain_output(model, call)
                     replaced = apply_conversion(model, plan, config)
                 check_largest(model, largest, reference)
-                check_smallest(model, call, reference)
+                check_subnets(model, call, reference)
             except BaseException:
                 rollback(model, replaced)
                 raise

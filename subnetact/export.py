@@ -33,6 +33,11 @@ def export(model: nn.Module, config: SubnetConfig | Mapping[str, Sequence[float]
             raise InvalidSubnetError(f"config={config!r} must be a SubnetConfig or a mapping of dimension -> values")
         config = SubnetConfig.from_dict(config)  # the dict form actuate() accepts
     plan = state.default if config is None else state.plan_for(config)
+    return export_plan(model, plan)
+
+
+def export_plan(model: nn.Module, plan: Plan) -> nn.Module:
+    """:func:`export` of a compiled plan (``convert``'s check compiles its plans without caching them)."""
     base = type(model)._subnetact_base
     dense = _rebuild(model, plan, root_class=base)
     hook = _EXPORT_HOOKS.lookup(base)

@@ -124,7 +124,7 @@ def analyse_trace(
         if covered(path):
             continue
         module = modules[path]
-        layout = head_layout(module)
+        layout = trace.outside.get(path) or head_layout(module)
         if isinstance(layout, str):
             blocked.append((0, f"heads of {path!r}: {layout}"))
             continue
