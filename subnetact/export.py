@@ -74,12 +74,13 @@ def _rebuild(module: nn.Module, plan: Plan, root_class: type | None = None) -> n
     for name in _HOOK_TABLES:
         if name in module.__dict__:
             new.__dict__[name] = copy.copy(module.__dict__[name])
-    # Fresh containers (the shallow copy above shares them) and independent tensors.
-    new._parameters = {
+    # Fresh containers (the shallow copy above shares them) and independent tensors; written to ``__dict__``
+    # directly (nn.Module.__setattr__ is slow and these are plain dicts).
+    new.__dict__["_parameters"] = {
         name: None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
         for name, p in module._parameters.items()
     }
-    new._buffers = {name: None if b is None else b.detach().clone() for name, b in module._buffers.items()}
-    new._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
-    new._modules = {name: None if m is None else _rebuild(m, plan) for name, m in module._modules.items()}
+    new.__dict__["_buffers"] = {name: None if b is None else b.detach().clone() for name, b in module._buffers.items()}
+    new.__dict__["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
+    new.__dict__["_modules"] = {name: None if m is None else _rebuild(m, plan) for name, m in module._modules.items()}
     return new

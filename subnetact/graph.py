@@ -137,6 +137,7 @@ def analyse_trace(
         sizes = group_sizes(n_heads * head_dim, head_dim, width_choices)
         groups.append(ChannelGroup("width", len(width_names) - 1, n_heads * head_dim, sizes))
 
+    blocked += [(size, f"{size} channels of {path!r}: {why}") for path, (size, why) in trace.unsliced.items()]
     stages = _stages(model, trace, modules, covered, filter_fn)
     blocked.sort(key=lambda item: -item[0])
     return GraphPlan(stages, width_names, groups, slices, norms, [text for _, text in blocked], heads)

@@ -47,6 +47,8 @@ _MULTIPLICATIVE = frozenset(
 _POOL = frozenset(
     "adaptive_avg_pool2d avg_pool2d max_pool2d adaptive_max_pool2d max_pool2d_with_indices lp_pool2d".split()
 )
+# Resample the spatial dimensions of (N, C, ...) inputs, channel by channel.
+_RESAMPLE = frozenset("interpolate upsample upsample_nearest upsample_bilinear".split())
 _REDUCE = frozenset("mean sum amax amin std var".split())
 _RESHAPE = frozenset("flatten view reshape squeeze unsqueeze".split())
 _ALONG_DIM = frozenset("softmax log_softmax".split())
@@ -161,6 +163,8 @@ class ChannelTrace:
     attentions: dict[str, int] = field(default_factory=dict)  # attention module path -> calls (heads sliceable)
     # layer path -> how code outside the layer reads its weights or sizes (the layer must keep its full width)
     outside: dict[str, str] = field(default_factory=dict)
+    # layer path -> (channels, why) for conv/linear layers of a type convert cannot slice (Conv1d, parametrized)
+    unsliced: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 #: BatchNorm2d subclasses whose forward is BatchNorm2d's followed by their ``drop`` and ``act`` modules (by qualified
@@ -252,6 +256,14 @@ class _Recorder(TorchFunctionMode):
                 for name, t in [*m.named_parameters(), *m.named_buffers()]:
                     self.owned.setdefault(id(t), (f"{path}.{name}" if path else name, path))
         self.outside: dict[str, str] = {}
+        for path, m in model.named_modules():
+            if any(type(h).__name__ == "WeightNorm" for h in m._forward_pre_hooks.values()):
+                self.outside[path] = (
+                    f"{path or '<root>'!r} recomputes its weight on every call (torch.nn.utils.weight_norm), so its "
+                    "sliced weight would not be read; call torch.nn.utils.remove_weight_norm on it before convert"
+                )
+        # layer path -> (channels, why it cannot be sliced) for conv/linear layers of a type convert does not slice
+        self.unsliced: dict[str, tuple[int, str]] = {}
         self._in_hook = False
         self.groups = _Groups()
         self.layers: dict[str, LayerUse] = {}
@@ -331,10 +343,13 @@ class _Recorder(TorchFunctionMode):
             name = getattr(getattr(func, "__self__", None), "__name__", name)  # the property: shape, data, T, ...
         if name in _METADATA:
             return
-        for t in _tensors((args, kwargs)):
-            owner = self.owned.get(id(t))
-            if owner is not None:
-                self.read_outside(owner[1], owner[0], name)
+        owned = self.owned
+        for a in (*args, *kwargs.values()):
+            # Most calls take tensors (or a list of them, for cat) directly: a flat scan, not _tensors' recursion.
+            for t in a if isinstance(a, (list, tuple)) else (a,):
+                owner = owned.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if owner is not None:
+                    self.read_outside(owner[1], owner[0], name)
 
     # -- module hooks --
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -413,6 +428,18 @@ class _Recorder(TorchFunctionMode):
             reason = f"{type(module).__name__} at {path!r} is not a layer convert can slice"
             if isinstance(module, _FUSED_FAST_PATH):
                 reason += " (in inference its fast path runs one fused kernel on its layers' full weights)"
+            elif isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)) and outs and outs[0].dim():
+                parametrizations = getattr(module, "parametrizations", None)
+                if parametrizations is not None:
+                    kinds = sorted({type(p).__name__ for plist in parametrizations.values() for p in plist})
+                    reason += (
+                        f" (its {', '.join(map(repr, parametrizations))} is computed by a parametrization: "
+                        f"{', '.join(kinds)}; torch.nn.utils.parametrize.remove_parametrizations first)"
+                    )
+                else:
+                    reason += " (convert slices nn.Conv2d and nn.Linear layers)"
+                channel = -1 if isinstance(module, nn.Linear) else 1
+                self.unsliced.setdefault(path, (outs[0].shape[channel], reason))
             self.freeze_all(inputs, reason)
             for t in outs:
                 self.bind(t, (None,) * t.dim(), type(module).__name__, in_keys)
@@ -493,6 +520,8 @@ class _Recorder(TorchFunctionMode):
                 dims = self.elementwise(name in _ADDITIVE, args, outs[0], where)
             elif name in _POOL and first.dim() == 4:
                 dims = (*self.dims(first)[:2], None, None)
+            elif name in _RESAMPLE and first.dim() >= 3:
+                dims = (*self.dims(first)[:2], *(None,) * (first.dim() - 2))
             elif name in _REDUCE:
                 dims = self.reduce(first, args, kwargs, outs[0], where)
             elif name in _RESHAPE or name == "expand":
@@ -662,7 +691,9 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
     for path, reason in recorder.outside.items():
         use = recorder.layers.get(path)
         for g in [] if use is None else use.outs + use.ins:
-            recorder.groups.freeze(g, reason)
+            # This reason wins over an earlier one: it is the cause (the tensor read outside is what the earlier
+            # operation found unsliced).
+            recorder.groups.frozen[recorder.groups.find(g)] = reason
     return ChannelTrace(
         recorder.groups,
         recorder.layers,
@@ -672,6 +703,7 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
         output,
         recorder.attentions,
         recorder.outside,
+        recorder.unsliced,
     )
 
 

@@ -258,8 +258,35 @@ def check_subnets(model: nn.Module, call: Call, reference: Any) -> None:
 def _run_naming_failure(model: nn.Module, call: Call, plan: Any, what: str) -> Any:
     """``model(*call)`` in eval mode without grad (pinned to ``plan`` if given); a failure is re-raised as an
     :class:`UnsupportedModelError` naming the module that was running."""
+    try:
+        return _run(model, call, plan, None)
+    except Exception as exc:
+        # Run again with hooks that name the module that fails (the first run had none: they cost on every call).
+        running: list[str] = []
+        try:
+            _run(model, call, plan, running)
+        except Exception:
+            pass
+        where = (running[-1] or "<root>") if running else "<root>"
+        raise UnsupportedModelError(
+            f"{what} fails in module {where!r} ({type(exc).__name__}: {exc}); this module reads channels convert "
+            "sliced without knowing it"
+        ) from exc
+
+
+def _run(model: nn.Module, call: Call, plan: Any, running: list[str] | None) -> Any:
+    """``model(*call)`` in eval mode without grad, pinned to ``plan`` if given; with ``running``, the paths of the
+    modules running (innermost last) are kept there, so after a failure its last item is the failing module."""
     args, kwargs = call
-    running: list[str] = []
+    if plan is not None:
+        model._subnetact.local.plan = plan
+    if running is None:
+        try:
+            with eval_mode(model), torch.no_grad():
+                return model(*args, **kwargs)
+        finally:
+            if plan is not None:
+                model._subnetact.local.plan = None
     paths = {id(m): name for name, m in model.named_modules()}
     handles = [
         m.register_forward_pre_hook(lambda mod, _args: running.append(paths.get(id(mod), "?")))
@@ -270,17 +297,9 @@ def _run_naming_failure(model: nn.Module, call: Call, plan: Any, what: str) -> A
         running.pop()
 
     handles += [m.register_forward_hook(leave) for m in model.modules()]
-    if plan is not None:
-        model._subnetact.local.plan = plan
     try:
         with eval_mode(model), torch.no_grad():
             return model(*args, **kwargs)
-    except Exception as exc:
-        where = (running[-1] or "<root>") if running else "<root>"
-        raise UnsupportedModelError(
-            f"{what} fails in module {where!r} ({type(exc).__name__}: {exc}); this module reads channels convert "
-            "sliced without knowing it"
-        ) from exc
     finally:
         if plan is not None:
             model._subnetact.local.plan = None
