@@ -18,7 +18,9 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, UnsupportedModelError
-from .trace import ChannelTrace, _tensors, trace_channels
+from .state import state_of
+from .trace import ChannelTrace, trace_channels
+from .tree import iter_tensors, map_tensors
 
 # Square image sizes tried, smallest first, when the model does not say which it takes: a small forward keeps
 # convert fast; bigger ones serve models that pool down to fixed sizes (Inception needs >= 75 pixels).
@@ -62,13 +64,7 @@ def one_thread() -> Iterator[None]:
 
 def detached_copy(obj: Any) -> Any:
     """``obj`` with every tensor inside nested tuples / lists / dicts replaced by a detached CPU copy."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(detached_copy(item) for item in obj)
-    if isinstance(obj, dict):
-        return {key: detached_copy(item) for key, item in obj.items()}
-    return obj
+    return map_tensors(lambda t: t.detach().to("cpu", copy=True), obj)
 
 
 def example_call(example_inputs: Any) -> Call:
@@ -171,12 +167,12 @@ def plain_output(model: nn.Module, call: Call) -> Any:
 
 def same_output(a: Any, b: Any) -> bool:
     """Whether two outputs hold the same tensors (shapes and values, bit for bit)."""
-    ta, tb = list(_tensors(a)), list(_tensors(b))
+    ta, tb = list(iter_tensors(a)), list(iter_tensors(b))
     return len(ta) == len(tb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(ta, tb))
 
 
 def _shapes(out: Any) -> list[tuple[int, ...]]:
-    return [tuple(t.shape) for t in _tensors(out)]
+    return [tuple(t.shape) for t in iter_tensors(out)]
 
 
 def check_largest(model: nn.Module, largest: Any, reference: Any) -> None:
@@ -189,7 +185,7 @@ def check_largest(model: nn.Module, largest: Any, reference: Any) -> None:
         return
     diffs = [
         (x.double() - y.double()).abs().max().item()
-        for x, y in zip(_tensors(largest), _tensors(reference))
+        for x, y in zip(iter_tensors(largest), iter_tensors(reference))
         if x.shape == y.shape
     ]
     raise UnsupportedModelError(
@@ -228,7 +224,7 @@ def check_subnets(model: nn.Module, call: Call, reference: Any) -> None:
     """
     from .export import export_plan  # export imports the supernet machinery, which imports this module's users
 
-    state = model._subnetact
+    state = state_of(model)
     subnets = [("smallest subnet", state.space.min())]
     sampled = state.space.sample(RANDOM_SUBNET_SEED)
     if sampled not in (subnets[0][1], state.max_config):
@@ -279,14 +275,14 @@ def _run(model: nn.Module, call: Call, plan: Any, running: list[str] | None) -> 
     modules running (innermost last) are kept there, so after a failure its last item is the failing module."""
     args, kwargs = call
     if plan is not None:
-        model._subnetact.local.plan = plan
+        state_of(model).local.plan = plan
     if running is None:
         try:
             with eval_mode(model), torch.no_grad():
                 return model(*args, **kwargs)
         finally:
             if plan is not None:
-                model._subnetact.local.plan = None
+                state_of(model).local.plan = None
     paths = {id(m): name for name, m in model.named_modules()}
     handles = [
         m.register_forward_pre_hook(lambda mod, _args: running.append(paths.get(id(mod), "?")))
@@ -302,7 +298,7 @@ def _run(model: nn.Module, call: Call, plan: Any, running: list[str] | None) -> 
             return model(*args, **kwargs)
     finally:
         if plan is not None:
-            model._subnetact.local.plan = None
+            state_of(model).local.plan = None
         for h in handles:
             h.remove()
 
@@ -311,7 +307,7 @@ def relative_difference(a: Any, b: Any) -> float:
     """The largest ``max |x - y| / max |y|`` over the tensors of two outputs of the same structure (NaNs at the same
     places agree; integer tensors count as 0 when equal, inf otherwise)."""
     worst = 0.0
-    for x, y in zip(_tensors(a), _tensors(b)):
+    for x, y in zip(iter_tensors(a), iter_tensors(b)):
         if x.shape != y.shape:
             return math.inf
         if not (x.is_floating_point() or x.is_complex()):
@@ -338,9 +334,9 @@ def _agree(actuated: Any, exported: Any, dense: nn.Module, call: Call) -> tuple[
     if same_output(actuated, exported):
         return True, 0.0
     diff = relative_difference(actuated, exported)
-    if len(list(_tensors(actuated))) != len(list(_tensors(exported))) or not diff <= math.inf:
+    if len(list(iter_tensors(actuated))) != len(list(iter_tensors(exported))) or not diff <= math.inf:
         return False, diff
-    dtypes = {t.dtype for t in _tensors(exported) if t.is_floating_point()}
+    dtypes = {t.dtype for t in iter_tensors(exported) if t.is_floating_point()}
     dtype = torch.float64 if torch.float64 in dtypes else max(dtypes, key=lambda d: torch.finfo(d).bits, default=None)
     if dtype is None:
         return False, diff
@@ -359,13 +355,7 @@ def _agree(actuated: Any, exported: Any, dense: nn.Module, call: Call) -> tuple[
 
 
 def _to_double(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.double() if obj.is_floating_point() else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_double(item) for item in obj)
-    if isinstance(obj, dict):
-        return {key: _to_double(item) for key, item in obj.items()}
-    return obj
+    return map_tensors(lambda t: t.double() if t.is_floating_point() else t, obj)
 
 
 def _first_difference(model: nn.Module, dense: nn.Module, call: Call, plan: Any) -> str:
@@ -387,14 +377,14 @@ def _first_difference(model: nn.Module, dense: nn.Module, call: Call, plan: Any)
 
             handles.append(m.register_forward_hook(record))
         if side == 0:
-            net._subnetact.local.plan = plan
+            state_of(net).local.plan = plan
         try:
             plain_output(net, _to_dtype_of(call, net))
         except Exception:  # the caller already ran both sides; a second run is only for the wording
             pass
         finally:
             if side == 0:
-                net._subnetact.local.plan = None
+                state_of(net).local.plan = None
             for h in handles:
                 h.remove()
     for path in order:

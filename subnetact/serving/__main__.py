@@ -10,6 +10,7 @@ SIGTERM drains (see :func:`subnetact.serving.serve`). Across machines, use :mod:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import torch
@@ -51,7 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8000)
     http.add_argument("--default-deadline-ms", type=float, default=100.0)
-    http.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    http.add_argument(
+        "--max-body-bytes", type=int, default=None, help="default: the largest valid body for the input shape"
+    )
     http.add_argument("--body-timeout-s", type=float, default=5.0)
     http.add_argument("--header-timeout-s", type=float, default=10.0)
     http.add_argument("--keep-alive-s", type=int, default=5)
@@ -62,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()  # stderr: drain, stuck workers, disconnects (uvicorn logs its own)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("subnetact.serving", "scheduling"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
     if args.digits:
         from .digits import digits_spec
 
