@@ -22,13 +22,13 @@ from .plan import (  # noqa: F401  (ConvertConfig, register_model_adapter: kept 
 )
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
 from .space import Entry, Space
-from .state import ActuationState, ChannelGroup, width_sizes
-from .supernet import SupernetMixin, state_of, supernet_class
+from .state import ActuationState, ChannelGroup, state_of, width_sizes
+from .supernet import SupernetMixin, from_supernet, to_supernet
 from .trace import sliceable_kind
 from .verify import (
     MODE_SENSITIVE,
     check_largest,
-    check_smallest,
+    check_subnets,
     detached_copy,
     example_call,
     one_thread,
@@ -73,9 +73,14 @@ def convert(
     its own class that adds ``actuate``, ``space``, ``active``, ``export`` and ``forward(..., subnet=cfg)``. Residual
     streams are not sliced.
 
+    Layers whose weights, buffers or sizes code outside them reads (``F.linear(x, self.fc1.weight)``,
+    ``self.conv1.out_channels``) or that recompute their weight (weight norm) keep their full width.
+
     Before returning, the converted model runs the example input at its largest subnet, whose output must equal the
-    original model's bit for bit, and at its smallest, whose outputs must have the original's shapes. Everything is
-    validated first and any failure undoes the conversion: on error the model is left exactly as it was.
+    original model's bit for bit, and at its smallest and one random (seeded) subnet, whose outputs must have the
+    original's shapes and equal their own :func:`~subnetact.export` (bit for bit, or within float rounding where the
+    kernels differ). Everything is validated first and any failure undoes the conversion: on error the model is left
+    exactly as it was.
 
     Args:
         model: the model to convert.
@@ -96,8 +101,9 @@ def convert(
 
     Raises:
         UnsupportedModelError: nothing in the model can be made elastic (the message says why for the largest
-            channel groups: the module path and the operation that blocks them), the converted model fails the check
-            above, or the model is already converted.
+            channel groups: the module path and the operation that blocks them, e.g. "'fc1.weight' is read outside
+            'fc1' at 'head' (linear)"), the converted model fails the checks above, or the model is already
+            converted.
         ConfigError: ``config``, ``example_inputs`` or ``weight_cache_mb`` is not valid.
 
     Example::
@@ -132,7 +138,7 @@ def convert(
                     reference = plain_output(model, call)
                     replaced = apply_conversion(model, plan, config)
                 check_largest(model, largest, reference)
-                check_smallest(model, call, reference)
+                check_subnets(model, call, reference)
             except BaseException:
                 rollback(model, replaced)
                 raise
@@ -278,10 +284,8 @@ def apply_conversion(
             ]
         state = ActuationState(space, ops, plan.groups, config)
         for i, op in enumerate(ops):
-            op._op_index = i
-            op._subnetact_state = state
-        model.__class__ = supernet_class(type(model))
-        model._subnetact = state
+            op.bind(state, i)
+        to_supernet(model, state)
         state.invalidate()
     except BaseException:
         rollback(model, replaced)
@@ -311,10 +315,7 @@ def rollback(model: nn.Module, replaced: list[tuple[nn.Module, str, Any]]) -> No
     for parent, name, original in reversed(replaced):
         setattr(parent, name, original)
     replaced.clear()
-    base = getattr(type(model), "_subnetact_base", None)
-    if base is not None and isinstance(model, SupernetMixin):
-        model.__class__ = base
-    model.__dict__.pop("_subnetact", None)
+    from_supernet(model)
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -326,8 +327,7 @@ def unconvert(model: nn.Module) -> nn.Module:
     for path, module in reversed(list(model.named_modules())):
         if isinstance(module, Operator):
             _replace(model, path, module.to_base())
-    del model._subnetact
-    model.__class__ = type(model)._subnetact_base
+    from_supernet(model)
     return model
 
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from .config import SubnetConfig
 from .handlers import OperatorEntry, register_operator_kind
-from .operator import Operator
+from .operator import Operator, cloned_parameter
 from .slimmable_norm import slimmable_norm
 
 
@@ -131,8 +131,8 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
         k, weight, bias, mean, var = entry
         dense = self._plain(k)
         if self.affine:
-            dense.weight = nn.Parameter(self.weight[:k].detach().clone(), requires_grad=self.weight.requires_grad)
-            dense.bias = nn.Parameter(self.bias[:k].detach().clone(), requires_grad=self.bias.requires_grad)
+            dense.weight = cloned_parameter(self.weight[:k], self.weight.requires_grad)
+            dense.bias = cloned_parameter(self.bias[:k], self.bias.requires_grad)
         if self.track_running_stats:
             dense.running_mean = mean.detach().clone()
             dense.running_var = var.detach().clone()

@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+from scheduling import policy_names
+
 from .app import ServingApp
 from .backend import LocalBackend
 from .runner import ModelSpec
@@ -45,7 +47,11 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu")
     model.add_argument("--threads", type=int, default=None, help="torch threads")
     sched = p.add_argument_group("scheduling")
-    sched.add_argument("--policy", default="slackfit", help="slackfit, maxacc, maxbatch, mincost or fixed:<id>")
+    sched.add_argument(
+        "--policy",
+        default="slackfit",
+        help="a scheduling.make_policy name: " + ", ".join(policy_names()).replace("<arg>", "<subnet id>"),
+    )
     sched.add_argument("--workers", type=int, default=1, help="worker threads, one batch at a time each")
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
     http = p.add_argument_group("http")

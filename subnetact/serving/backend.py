@@ -17,36 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from scheduling import Fixed, MaxAcc, MaxBatch, MinCost, Policy, Profile, Scheduler, SlackFit
+from scheduling import Policy, Profile, Scheduler, make_policy
 
-__all__ = ["Backend", "LocalBackend", "make_policy", "wall_to_monotonic"]
-
-_POLICIES: dict[str, Callable[[Profile], Policy]] = {
-    "slackfit": SlackFit,
-    "maxacc": MaxAcc,
-    "maxbatch": MaxBatch,
-    "mincost": MinCost,
-}
+__all__ = ["Backend", "LocalBackend", "make_policy", "wall_to_monotonic"]  # make_policy: scheduling.make_policy
 
 
 def wall_to_monotonic(deadline_wall: float) -> float:
     """A ``time.time()`` deadline as a ``time.monotonic()`` deadline of this process."""
     return time.monotonic() + (deadline_wall - time.time())
-
-
-def make_policy(name: str | Policy, profile: Profile) -> Policy:
-    """A policy by name: ``slackfit``, ``maxacc``, ``maxbatch``, ``mincost`` or ``fixed:<subnet id>``."""
-    if isinstance(name, Policy):
-        return name
-    if name in _POLICIES:
-        return _POLICIES[name](profile)
-    if isinstance(name, str) and name.startswith("fixed:"):
-        key = name.split(":", 1)[1]
-        ids = {str(i): i for i in profile.ids}
-        if key in ids:
-            return Fixed(profile, ids[key])
-    allowed = [*_POLICIES, *(f"fixed:{i}" for i in profile.ids)]
-    raise ValueError(f"policy={name!r} is not one of {allowed}")
 
 
 class Backend(Protocol):
