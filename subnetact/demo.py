@@ -182,22 +182,12 @@ def run_demo(
         stream: where the table and progress go (default stdout).
         trials: traces replayed per policy (>= 1; default 3); the table shows means, the frontier plot error bars.
     """
-    from scheduling import LatencyModel, make_policy, traces
+    from scheduling import traces
     from scheduling.metrics import rate_series
 
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
-    for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
-    for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
-        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
-            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
-    if latency_stat not in ("mean", "p99"):
-        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
-    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+    _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats, trials)
     if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
         raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
@@ -279,21 +269,14 @@ def run_demo(
     hogs = _start_background_load(background_load, out)
     try:
         for t, (arrivals, requested) in enumerate(traces_):
-            for name in chosen:
-                adaptive = name.endswith(ADAPTIVE)
-                policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
-                model_ = LatencyModel(prof) if adaptive else None
-                row, timeline = _run_policy(
-                    name, policy, model, served, prof, x_test, labels, arrivals, requested, slo_s, workers, model_
-                )
-                runs[name].append(row)
-                if t == 0:
-                    timelines[name] = timeline
-                print(
-                    f"  trial {t + 1}/{trials} {name:>17}: attainment {row.slo_attainment:.4f}, accuracy "
-                    f"{row.accuracy:.2f}%, p99 {row.latency_p99_ms:.1f} ms",
-                    file=out,
-                )
+            trial_rows, trial_timelines = _run_policies(
+                chosen, latency_stat, out, f"trial {t + 1}/{trials} ", model, served, prof, x_test, labels,
+                arrivals, requested, slo_s, workers,
+            )  # fmt: skip
+            for row in trial_rows:
+                runs[row.policy].append(row)
+            if t == 0:
+                timelines = trial_timelines
     finally:
         _stop_background_load(hogs)
     rows = [combine_trials(runs[name]) for name in chosen]
@@ -329,6 +312,57 @@ def run_demo(
     written = [profile_path, results_path, *(p for p in (plot_path, frontier_path) if p is not None)]
     print(f"wrote {', '.join(map(str, written))} ({seconds:.0f}s)", file=out)
     return DemoResult(tuple(rows), settings, profile_path, results_path, plot_path, seconds, frontier_path)
+
+
+def _check_settings(
+    duration_s: Any,
+    cv2: Any,
+    rate: Any,
+    load: Any,
+    slo_ms: Any,
+    slo_factor: Any,
+    latency_stat: Any,
+    workers: Any,
+    threads: Any,
+    repeats: Any,
+    trials: Any,
+) -> None:
+    """Raise :class:`ConfigError` naming the first of :func:`run_demo`'s settings that is not valid."""
+    for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
+    for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
+    if latency_stat not in ("mean", "p99"):
+        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
+    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats), ("trials", trials)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+
+
+def _run_policies(
+    chosen: list[str], latency_stat: str, out: TextIO, label: str, model: torch.nn.Module, *run: Any
+) -> tuple[list[PolicyResult], dict[str, tuple[list, list]]]:
+    """One live run per policy name on one trace (``run``: the rest of :func:`_run_policy`'s arguments after the
+    policy); ``label`` prefixes each progress line. Returns the rows and each policy's timeline."""
+    from scheduling import LatencyModel, make_policy
+
+    prof = run[1]
+    rows = []
+    timelines = {}
+    for name in chosen:
+        adaptive = name.endswith(ADAPTIVE)
+        policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
+        latency_model = LatencyModel(prof) if adaptive else None
+        row, timelines[name] = _run_policy(name, policy, model, *run, latency_model)
+        rows.append(row)
+        print(
+            f"  {label}{name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
+            f"p99 {row.latency_p99_ms:.1f} ms",
+            file=out,
+        )
+    return rows, timelines
 
 
 def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
