@@ -111,8 +111,9 @@ def run_demo(
         slo_factor: if given, the SLO is ``slo_factor`` x the most accurate subnet's batch-16 latency in the profile.
         latency_stat: ``"p99"`` (default) or ``"mean"``: the profiled latency every policy plans with. On a shared
             CPU the p99 leaves room for the jitter that makes mean-planned batches finish late.
-        policies: any of ``"slackfit"``, ``"slackfit-adaptive"`` (with a :class:`scheduling.LatencyModel`),
-            ``"mincost"``, ``"maxacc"``, ``"fixed"`` (every subnet) and ``"fixed:<id>"``; default: SlackFit, adaptive
+        policies: any name :func:`scheduling.make_policy` knows (``"slackfit"``, ``"maxacc"``, ``"maxbatch"``,
+            ``"mincost"``, a registered one), ``"slackfit-adaptive"`` (with a :class:`scheduling.LatencyModel`),
+            ``"fixed"`` (every subnet) and ``"fixed:<id>"``; default: SlackFit, adaptive
             SlackFit, MinCost and Fixed on every subnet.
         batch_sizes: batch sizes to profile (the policies choose among them).
         workers: inference worker threads (each runs one batch at a time on the shared model).
@@ -125,22 +126,12 @@ def run_demo(
         plot: write the PNG (needs matplotlib; skipped with a note if it is not installed).
         stream: where the table and progress go (default stdout).
     """
-    from scheduling import Fixed, LatencyModel, MaxAcc, MinCost, SlackFit, traces
+    from scheduling import traces
     from scheduling.metrics import rate_series
 
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
-    for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
-    for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
-        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
-            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
-    if latency_stat not in ("mean", "p99"):
-        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
-    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+    _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats)
     if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
         raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
@@ -153,11 +144,7 @@ def run_demo(
     x_test = digits.to_input(images)  # (N, 1, 8, 8)
     served = [SubnetConfig.from_dict(r["config"]) for r in record["pareto"]]
     accuracies = [float(r["accuracy"]) for r in record["pareto"]]
-    chosen = _policy_names(
-        policies,
-        len(served),
-        {"slackfit", "slackfit-adaptive", "mincost", "maxacc", *(f"fixed:{i}" for i in range(len(served)))},
-    )
+    chosen = _policy_names(policies, len(served))
     print(
         f"digits supernet: {len(served)} Pareto subnets, {len(labels)} held-out images; profiling on this CPU ...",
         file=out,
@@ -211,29 +198,11 @@ def run_demo(
     )
 
     # -- one run per policy ----------------------------------------------------------------------------------------
-    stat = {"latency_stat": latency_stat}
-    makers: dict[str, Any] = {"slackfit": lambda: SlackFit(prof, **stat), "mincost": lambda: MinCost(prof, **stat)}
-    makers["slackfit-adaptive"] = makers["slackfit"]
-    makers["maxacc"] = lambda: MaxAcc(prof, **stat)
-    for i in range(len(served)):
-        makers[f"fixed:{i}"] = lambda i=i: Fixed(prof, i, **stat)
-    rows = []
-    dynamics = None
     hogs = _start_background_load(background_load, out)
     try:
-        for name in chosen:
-            model_ = LatencyModel(prof) if name == "slackfit-adaptive" else None
-            row, timeline = _run_policy(
-                name, makers[name](), model, served, prof, x_test, labels, arrivals, requested, slo_s, workers, model_
-            )
-            rows.append(row)
-            if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
-                dynamics = (name, timeline)
-            print(
-                f"  {name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
-                f"p99 {row.latency_p99_ms:.1f} ms",
-                file=out,
-            )
+        rows, dynamics = _run_policies(
+            chosen, latency_stat, out, model, served, prof, x_test, labels, arrivals, requested, slo_s, workers
+        )
     finally:
         _stop_background_load(hogs)
 
@@ -265,6 +234,58 @@ def run_demo(
         file=out,
     )
     return DemoResult(tuple(rows), settings, profile_path, results_path, plot_path, seconds)
+
+
+def _check_settings(
+    duration_s: Any,
+    cv2: Any,
+    rate: Any,
+    load: Any,
+    slo_ms: Any,
+    slo_factor: Any,
+    latency_stat: Any,
+    workers: Any,
+    threads: Any,
+    repeats: Any,
+) -> None:
+    """Raise :class:`ConfigError` naming the first of :func:`run_demo`'s settings that is not valid."""
+    for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
+    for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
+    if latency_stat not in ("mean", "p99"):
+        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
+    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+
+
+def _run_policies(
+    chosen: list[str], latency_stat: str, out: TextIO, model: torch.nn.Module, *run: Any
+) -> tuple[list[PolicyResult], tuple[str, list] | None]:
+    """One live run per policy name (``run``: the rest of :func:`_run_policy`'s arguments after the policy): the
+    rows, and the timeline of SlackFit (else adaptive SlackFit) for the dynamics plot."""
+    from scheduling import LatencyModel, make_policy
+
+    prof = run[1]
+    rows = []
+    dynamics = None
+    for name in chosen:
+        adaptive = name.endswith(ADAPTIVE)
+        policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
+        latency_model = LatencyModel(prof) if adaptive else None
+        row, timeline = _run_policy(name, policy, model, *run, latency_model)
+        rows.append(row)
+        if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
+            dynamics = (name, timeline)
+        print(
+            f"  {name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
+            f"p99 {row.latency_p99_ms:.1f} ms",
+            file=out,
+        )
+    return rows, dynamics
 
 
 def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
@@ -312,9 +333,19 @@ def _stop_background_load(hogs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> list[str]:
+#: A policy name plus this suffix: the policy plans with an online :class:`scheduling.LatencyModel`.
+ADAPTIVE = "-adaptive"
+
+
+def _policy_names(policies: Sequence[str] | None, n: int) -> list[str]:
+    """The policy runs of the demo (``policies`` None: its default set), each a :func:`scheduling.make_policy` name,
+    ``"slackfit-adaptive"`` or ``"fixed:<i>"`` for the ``n`` served subnets."""
+    from scheduling import policy_names
+
     if policies is None:
         return ["slackfit", "slackfit-adaptive", "mincost", *(f"fixed:{i}" for i in range(n))]
+    plain = [p for p in policy_names() if ":" not in p]
+    known = {*plain, "slackfit" + ADAPTIVE, *(f"fixed:{i}" for i in range(n))}
     names: list[str] = []
     for p in policies:
         key = p.strip().lower()
@@ -323,14 +354,8 @@ def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> li
         elif key in known:
             names.append(key)
         else:
-            allowed = [
-                "slackfit",
-                "slackfit-adaptive",
-                "mincost",
-                "maxacc",
-                "fixed",
-                *(f"fixed:{i}" for i in range(n)),
-            ]
+            others = [p for p in plain if p != "slackfit"]
+            allowed = ["slackfit", "slackfit" + ADAPTIVE, *others, "fixed", *(f"fixed:{i}" for i in range(n))]
             raise ConfigError(f"policies contains {p!r}; allowed: {', '.join(allowed)}")
     if not names:
         raise ConfigError("policies is empty; give at least one of slackfit, mincost, maxacc, fixed, fixed:<id>")
