@@ -139,3 +139,29 @@ class TupleModel(torch.nn.Module):
 
     def forward(self, ids):
         return tuple(self.inner(input_ids=ids).values())
+
+
+def test_recipe_pretrained_to_searched_served_set_to_profile(tmp_path):
+    # docs/training.md's recipe end to end on a tiny encoder: distil, search on the distilled metric, register,
+    # save, load, profile.
+    from subnetact.train import subnet_metric
+
+    model = subnetact.convert(bert(head=False, initializer_range=0.2, **NO_DROPOUT))
+    original = copy.deepcopy(model).eval()
+    train, held = text_batches(4, batch=8), text_batches(1, batch=8, seed=90)
+    distill(model, train, torch.optim.AdamW(model.parameters(), lr=1e-3), epochs=2, loss="embedding")
+    metric = subnet_metric(model, held, metric="cosine", teacher=original)
+    one = {k: v[:1] for k, v in held[0].items()}
+    found = subnetact.search.search(
+        model, evaluate=metric, cost="flops", example_input=one, num_constraints=2, population=8, generations=2
+    )
+    assert found.configs and all(c.accuracy == pytest.approx(metric(c.config)) for c in found.pareto)
+    subnetact.calibrate(model, held, subnets=found.configs)
+    subnetact.save(model, tmp_path / "s.safetensors")
+    loaded = subnetact.load(tmp_path / "s.safetensors", lambda: bert(head=False, **NO_DROPOUT))
+    assert list(loaded.registered_subnets) == list(found.configs)
+    profile = subnetact.profile(
+        loaded, found.configs, [1, 2], accuracies=[c.accuracy for c in found.pareto], warmup=1, repeats=2,
+        example_input=lambda n: {k: v.repeat(n, 1) for k, v in one.items()}, progress=False,
+    )  # fmt: skip
+    assert len(profile.subnets) == len(found.configs)
