@@ -80,8 +80,8 @@ def make_policy(name: str | Policy, profile: Profile, **options: Any) -> Policy:
     """The policy registered as ``name`` for ``profile`` (a :class:`~scheduling.Policy` is returned as it is).
 
     Args:
-        name: a registered name (built in: ``slackfit``, ``slackfit-paper``, ``maxacc``, ``maxbatch``, ``mincost``, ``fixed:<subnet
-            id>``), case and surrounding spaces ignored; or a policy.
+        name: a registered name (built in: ``slackfit``, ``slackfit-paper``, ``maxacc``, ``maxbatch``, ``mincost``,
+            ``fixed:<subnet id>``), case and surrounding spaces ignored; or a policy.
         profile: the profile the policy decides from.
         **options: keyword arguments of the policy, e.g. ``latency_stat="p99"``.
 
