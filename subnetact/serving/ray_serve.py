@@ -62,7 +62,7 @@ from scheduling import (
 from scheduling.dispatch import WAKE_FLOOR_S
 
 from .app import ServingApp
-from .backend import make_policy, wall_to_monotonic
+from .backend import PROFILE_ERROR_LIMIT, make_policy, wall_to_monotonic
 from .runner import ModelSpec
 
 __all__ = [
@@ -156,7 +156,8 @@ class Router:
         self.policy = make_policy(policy, self.profile)
         # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
         # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
-        self.latency_model = LatencyModel(self.profile) if adaptive else None
+        self.latency_model = LatencyModel(self.profile, max_ratio=PROFILE_ERROR_LIMIT) if adaptive else None
+        self.adaptive = self.latency_model is not None
         if self.latency_model is not None:
             self.policy.update_profile(self.latency_model.prior)
         self.queue = EDFQueue(capacity=max_queue)
@@ -264,6 +265,9 @@ class Router:
 
     def set_batch_observer(self, fn: Any) -> None:
         self._observe_batch = fn
+
+    def fastest_latency_s(self) -> float:
+        return self.policy.min_latency(1)
 
     async def close(self) -> None:
         """Stop accepting; serve (or drop, by deadline) what is queued; wait for the running batches (<= 60 s)."""
