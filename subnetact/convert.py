@@ -155,7 +155,13 @@ def convert(
     adapter = find_model_adapter(model)
     plan = None if adapter is None else adapter(model, config, filter_fn)
     if plan is not None:
-        apply_conversion(model, plan, config)
+        replaced = apply_conversion(model, plan, config)
+        if plan.check is not None:
+            try:
+                plan.check(model)
+            except BaseException:
+                rollback(model, replaced)
+                raise
         if weight_cache_mb is not None:
             model.set_weight_cache(weight_cache_mb)
         return model
@@ -213,6 +219,8 @@ class ConversionPlan:
             other path of the plan refers to the prepared model. It must not fail on a model phase 1 accepted.
         links: keyword -> dimensions it sets together (:class:`~subnetact.Space` links), e.g.
             ``{"width": ("heads", "ffn")}``.
+        check: called on the converted model after phase 2 (an adapter's convert-time verification, e.g. the
+            largest subnet reproducing the original output); an exception rolls the conversion back.
     """
 
     stages: list[StagePlan]
@@ -223,6 +231,7 @@ class ConversionPlan:
     custom: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)
     prepare: Callable[[nn.Module], None] | None = None
     links: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    check: Callable[[nn.Module], None] | None = None
 
 
 ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], "ConversionPlan | None"]

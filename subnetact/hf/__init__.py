@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
 from .adapter import active_heads, active_neurons, register_family
+from .decoders import GEMMA, GEMMA2, GPT2, LLAMA, MISTRAL, OPT, PHI3, QWEN2, QWEN3, DecoderFamily, register_decoder
 from .families import BERT, DEBERTA_V2, DEIT, DISTILBERT, ELECTRA, ROBERTA, VIT, XLM_ROBERTA, TransformerFamily
 from .reorder import ReorderResult, reorder
 
@@ -40,13 +41,24 @@ __all__ = [
     "DEIT",
     "DISTILBERT",
     "ELECTRA",
+    "GEMMA",
+    "GEMMA2",
+    "GPT2",
+    "LLAMA",
+    "MISTRAL",
+    "OPT",
+    "PHI3",
+    "QWEN2",
+    "QWEN3",
     "ROBERTA",
     "VIT",
     "XLM_ROBERTA",
+    "DecoderFamily",
     "ReorderResult",
     "TransformerFamily",
     "active_heads",
     "active_neurons",
+    "register_decoder",
     "register_family",
     "reorder",
 ]
