@@ -402,7 +402,14 @@ def _check(model: nn.Module, reference: tuple[dict, torch.Tensor]) -> None:
                     f"{type(model).__qualname__}: the converted largest subnet does not reproduce the original "
                     f"logits bit for bit (max difference {diff}); refused"
                 )
-            small = _logits(model(**inputs, subnet=state.space.min()))
+            try:
+                small = _logits(model(**inputs, subnet=state.space.min()))
+            except Exception as exc:
+                raise UnsupportedModelError(
+                    f"{type(model).__qualname__}: the smallest subnet fails to run ({type(exc).__name__}: {exc}); "
+                    "the family's attention must reshape q/k/v by head size or name the head-count attributes it "
+                    "reads in DecoderFamily.overrides. Refused"
+                ) from exc
             if small.shape != want.shape:
                 raise UnsupportedModelError(
                     f"{type(model).__qualname__}: the smallest subnet gives logits of shape {tuple(small.shape)}, "
