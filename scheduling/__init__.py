@@ -8,6 +8,7 @@ Main pieces:
 - :class:`Profile`: subnets, accuracy and per-batch-size latency (own JSON schema + SuperServe importer).
 - Policies: :class:`SlackFit`, :class:`MaxAcc`, :class:`MaxBatch`, :class:`Fixed` (Clipper+), :class:`MinCost`
   (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
+- :func:`make_policy` / :func:`register_policy`: policies by name (one table for the CLI, the demo, HTTP and Ray).
 - :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
 - :func:`dispatch_step`: the one drop/decide/pop step every scheduler here runs (live, simulated, Ray router).
 - :func:`plan_batch`: the same step for a batch a serving framework already formed (Ray ``@serve.batch``, Triton).
@@ -40,6 +41,7 @@ from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsSummary, OutcomeRecord
 from .policies import Decision, Fixed, MaxAcc, MaxBatch, MinCost, Policy
 from .profile import LatencyStats, Profile, PropertyReport, PropertyViolation, Subnet, synthetic_profile
+from .registry import make_policy, policy_names, register_policy
 from .scheduler import Scheduler
 from .simulator import Interference, SimConfig, SimResult, simulate
 from .slackfit import SlackFit
@@ -82,7 +84,10 @@ __all__ = [
     "WorkerResultError",
     "datasets",
     "dispatch_step",
+    "make_policy",
     "plan_batch",
+    "policy_names",
+    "register_policy",
     "simulate",
     "synthetic_profile",
     "traces",

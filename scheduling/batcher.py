@@ -86,11 +86,11 @@ def plan_batch(policy: Policy, deadlines: Sequence[float], now: float, *, drop_l
     for i, d in enumerate(deadlines):
         q.push(float(d), now, i)
     step = dispatch_step(q, policy, now)
-    run = [e[3] for e in step.batch]
+    run = [e.item for e in step.batch]
     return BatchPlan(
         step.decision.subnet_id if run else None,
         run,
-        [e[3] for e in step.expired],
-        [e[3] for e in q.drain()],
+        [e.item for e in step.expired],
+        [e.item for e in q.drain()],
         step.decision if run else None,
     )

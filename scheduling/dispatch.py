@@ -64,7 +64,7 @@ def dispatch_step(queue: EDFQueue, policy: Policy, now: float, slack_scale: floa
         >>> from scheduling import EDFQueue, SlackFit, datasets, dispatch_step
         >>> q = EDFQueue(); q.push(deadline=1.0, arrival=0.0, item="a"); q.push(deadline=0.0001, arrival=0.0, item="b")
         >>> step = dispatch_step(q, SlackFit(datasets.superserve_a40_profile()), now=0.0)
-        >>> [e[3] for e in step.expired], [e[3] for e in step.batch], len(q)
+        >>> [e.item for e in step.expired], [e.item for e in step.batch], len(q)
         (['b'], ['a'], 0)
     """
     expired: list[Entry] = _NONE  # type: ignore[assignment]  # shared and never mutated: a list only once one drops

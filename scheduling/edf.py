@@ -1,21 +1,40 @@
 """The earliest-deadline-first queue shared by the live scheduler and the simulator.
 
-Entries are plain tuples ``(deadline, seq, arrival, item)``: one object per request, compared by deadline and then by
-the insertion counter ``seq`` (so equal deadlines pop in arrival order and ``item`` is never compared).
+Entries are :class:`Entry` named tuples ``(deadline, seq, arrival, item)``: one object per request, compared as tuples
+by deadline and then by the insertion counter ``seq`` (so equal deadlines pop in arrival order and ``item`` is never
+compared).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvalidRequestError, QueueFullError
 
 __all__ = ["EDFQueue", "Entry"]
 
-Entry = tuple[float, int, float, Any]
-"""A queued request: ``(deadline, seq, arrival, item)``."""
+
+class Entry(NamedTuple):
+    """A queued request. Compared as a plain tuple: by ``deadline``, then ``seq``.
+
+    Attributes:
+        deadline: The request's absolute deadline, on the clock of the queue's user.
+        seq: Insertion counter of the queue: equal deadlines pop in arrival order, ``item`` is never compared.
+        arrival: When the request arrived (same clock).
+        item: The caller's object (the live scheduler stores ``(future, payload)``).
+    """
+
+    deadline: float
+    seq: int
+    arrival: float
+    item: Any
+
+
+# push() runs once per request: build entries through tuple.__new__ (what Entry._make does, minus the Python-level
+# __new__ of NamedTuple); the result is a real Entry with its named fields.
+_new_entry = tuple.__new__
 
 
 class EDFQueue:
@@ -33,7 +52,7 @@ class EDFQueue:
 
         >>> q = EDFQueue()
         >>> q.push(deadline=0.030, arrival=0.0, item="a"); q.push(deadline=0.010, arrival=0.001, item="b")
-        >>> [e[3] for e in q.pop_batch(2)]
+        >>> [e.item for e in q.pop_batch(2)]
         ['b', 'a']
     """
 
@@ -65,11 +84,11 @@ class EDFQueue:
         if self.capacity is not None and len(self._heap) >= self.capacity:
             raise QueueFullError(f"queue is full (capacity={self.capacity}); request rejected")
         self._seq += 1
-        heapq.heappush(self._heap, (deadline, self._seq, arrival, item))
+        heapq.heappush(self._heap, _new_entry(Entry, (deadline, self._seq, arrival, item)))
 
     def peek_deadline(self) -> float:
         """Deadline of the earliest-deadline request, ``inf`` when empty. O(1)."""
-        return self._heap[0][0] if self._heap else math.inf
+        return self._heap[0].deadline if self._heap else math.inf
 
     def pop_batch(self, n: int) -> list[Entry]:
         """Remove and return the ``min(n, len(self))`` earliest-deadline entries, in deadline order."""
@@ -88,11 +107,21 @@ class EDFQueue:
         Returns the removed entries (earliest deadline first); always empty when ``drop_late`` is ``False``.
         """
         heap = self._heap
-        if not self.drop_late or not heap or heap[0][0] - now >= min_latency:
+        if not self.drop_late or not heap or heap[0].deadline - now >= min_latency:
             return []
         out = []
         pop = heapq.heappop
-        while heap and heap[0][0] - now < min_latency:
+        while heap and heap[0].deadline - now < min_latency:
+            out.append(pop(heap))
+        return out
+
+    def pop_due(self, t: float) -> list[Entry]:
+        """Remove and return the entries with ``deadline < t`` (earliest first), whatever ``drop_late`` says: the
+        live scheduler's hard limit for requests that may be served late."""
+        heap = self._heap
+        out = []
+        pop = heapq.heappop
+        while heap and heap[0].deadline < t:
             out.append(pop(heap))
         return out
 

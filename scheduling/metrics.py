@@ -145,12 +145,12 @@ class MetricsRecorder:
         """Record a batch that finished at ``t_done``; returns how many of its requests met their deadline."""
         on_time = 0
         for e in entries:
-            if e[0] >= t_done:
+            if e.deadline >= t_done:
                 on_time += 1
         acc_gain = on_time * float(accuracy)  # everything that can raise happens before the first update
         hist = self._histogram
         if hist is not None:  # the logarithms are computed before taking the lock that other workers wait on
-            indexed = [(lat, hist.index(lat)) for lat in [t_done - e[2] for e in entries]]
+            indexed = [(lat, hist.index(lat)) for lat in [t_done - e.arrival for e in entries]]
         with self._lock:
             self.on_time += on_time
             self.late += len(entries) - on_time
@@ -158,7 +158,7 @@ class MetricsRecorder:
             if hist is not None:
                 hist.add_indexed(indexed)
             else:
-                self._latencies.extend([t_done - e[2] for e in entries])
+                self._latencies.extend([t_done - e.arrival for e in entries])
             if self.record_timeline:
                 self.outcomes.append(OutcomeRecord(t_done, "served", len(entries), on_time, accuracy))
         return on_time

@@ -19,6 +19,17 @@ cause). Such a batch is failed, never retried: the batch that killed one worker 
 side effects must not run a request twice. When the last worker is gone, queued requests fail with
 ``NoWorkersError``.
 
+**The deadline guarantee.** Expiry does not wait for a worker to look at the queue: a reaper thread wakes at the next
+moment something is due (at least every 50 ms while anything is pending) and, whatever the workers do,
+
+- drops queued requests by the drop rule (their slack fell below the policy's fastest latency; with
+  ``drop_late=False``: their deadline + ``deadline_grace_s`` passed), so with every worker busy or hung they still
+  complete (``DeadlineMissedError``) by their deadline;
+- answers a request whose batch is still running on a worker at its deadline + ``deadline_grace_s`` with
+  ``DeadlineMissedError`` and marks that worker **stuck** (logged, counted in :attr:`Scheduler.stuck_total`, left out
+  of :attr:`Scheduler.healthy_workers`). A thread cannot be killed: a stuck worker keeps its thread, and if its
+  callable ever returns, the late results are discarded (each future still completes once) and the worker serves again.
+
 Latency percentiles are kept in a fixed-size histogram (constant memory, O(1) per request, within 0.5 %), and
 :meth:`Scheduler.metrics` computes them after releasing the lock that workers take after each batch.
 """
@@ -27,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import math
 import threading
 import time
@@ -53,6 +65,11 @@ from .profile import SubnetId
 
 __all__ = ["Scheduler", "WorkerFn"]
 
+_log = logging.getLogger(__name__)
+
+REAPER_TICK_S = 0.05
+"""While anything is pending, the reaper looks at least this often (it also wakes at the next known due time)."""
+
 WorkerFn = Callable[[SubnetId, list[Any]], Sequence[Any]]
 """A worker: ``fn(subnet_id, payloads) -> results``, one result per payload, in order."""
 
@@ -69,6 +86,11 @@ class _Worker:
     # How many leading entries of `held` have been through set_running_or_notify_cancel (the rest may be PENDING, or
     # CANCELLED by their caller without the notification that concurrent.futures.wait() needs).
     touched: int = 0
+    # The running batch's entries nobody has completed yet, earliest deadline first. Whoever removes an entry from it
+    # (under the lock) completes it: the worker when its callable returns, or the reaper past deadline + grace.
+    running: list[Entry] = field(default_factory=list)
+    claimed: list[Entry] = field(default_factory=list)  # taken back from `running` by the worker, being completed
+    stuck_since: float | None = None  # when the reaper found its batch past deadline + grace; None: healthy
 
 
 class Scheduler:
@@ -88,6 +110,10 @@ class Scheduler:
         latency_model: Adaptive planning: a :class:`~scheduling.LatencyModel` built on ``policy.profile``. Each
             batch's measured service time (the worker call) is fed to it, it re-plans the policy when its estimates
             move, and each worker decides with its own slowdown factor. ``None`` (default): the static profile.
+        deadline_grace_s: How long past its deadline a request may still be running on a worker (or queued, with
+            ``drop_late=False``) before the reaper answers it with :class:`~scheduling.errors.DeadlineMissedError`
+            and marks the worker stuck. Default 0.5 s: every future is done by its deadline + 0.5 s (+ the reaper's
+            wake-up latency) whatever the workers do. ``None``: no reaper (requests wait for their worker).
 
     Example::
 
@@ -110,6 +136,7 @@ class Scheduler:
         default_slo_s: float | None = None,
         record_timeline: bool = False,
         latency_model: LatencyModel | None = None,
+        deadline_grace_s: float | None = 0.5,
     ) -> None:
         if not isinstance(policy, Policy):
             raise InvalidRequestError(f"policy must be a scheduling Policy, got {type(policy).__name__}")
@@ -117,6 +144,15 @@ class Scheduler:
             raise InvalidRequestError(f"max_queue must be an int >= 1, got {max_queue!r}")
         if default_slo_s is not None:
             self._check_slo(default_slo_s, "default_slo_s")
+        if deadline_grace_s is not None and (
+            isinstance(deadline_grace_s, bool)
+            or not isinstance(deadline_grace_s, (int, float))
+            or not math.isfinite(deadline_grace_s)
+            or deadline_grace_s < 0
+        ):
+            raise InvalidRequestError(
+                f"deadline_grace_s must be None or a finite number of seconds >= 0, got {deadline_grace_s!r}"
+            )
         workers = list(workers)
         for i, fn in enumerate(workers):
             if not callable(fn):
@@ -133,17 +169,30 @@ class Scheduler:
         self.latency_model = latency_model
         self.default_slo_s = default_slo_s
         self._clock = time.monotonic
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # workers wait on it
+        self._reaper_cond = threading.Condition(lock)  # the reaper waits on it: one lock, two sets of waiters
+        self.deadline_grace_s = None if deadline_grace_s is None else float(deadline_grace_s)
+        self._reaper_idle = False  # the reaper waits with nothing pending: the next submit() wakes it
+        self._stuck_total = 0
+        self._late_results = 0
         self._queue = EDFQueue(capacity=max_queue, drop_late=drop_late)
         self._metrics = MetricsRecorder(record_timeline=record_timeline, thread_safe=True, latencies="histogram")
         self._workers: dict[int, _Worker] = {}
         # Every worker thread that has not finished, registered or not (removed without waiting, retired): close()
         # joins them all, so no thread outlives it unless a callable hangs past the timeout.
         self._threads: set[threading.Thread] = set()
+        self._live: set[_Worker] = (
+            set()
+        )  # workers whose thread has not finished, registered or not (the reaper's view)
         self._ids = itertools.count()
         self._idle = 0  # workers blocked in cond.wait(): submit() only notifies when one is
         self._closing = False
         self._observe = policy.observe_arrivals if policy.needs_arrivals else None
+        self._reaper: threading.Thread | None = None
+        if self.deadline_grace_s is not None:
+            self._reaper = threading.Thread(target=self._reap, name="scheduling-reaper", daemon=True)
+            self._reaper.start()
         for fn in workers:
             self.add_worker(fn)
 
@@ -201,6 +250,9 @@ class Scheduler:
                     self._observe(now, 1)
                 if self._idle:
                     self._cond.notify()
+                if self._reaper_idle:
+                    self._reaper_idle = False
+                    self._reaper_cond.notify()
                 return fut
         self._metrics.record_rejection(now)
         fut.set_exception(reject)
@@ -230,6 +282,7 @@ class Scheduler:
             w.thread.start()
             self._workers[wid] = w
             self._threads.add(w.thread)
+            self._live.add(w)
         return wid
 
     def remove_worker(self, worker_id: int, *, wait: bool = True) -> None:
@@ -255,9 +308,31 @@ class Scheduler:
 
     @property
     def workers(self) -> list[int]:
-        """Ids of the live workers."""
+        """Ids of the live workers (stuck ones included)."""
         with self._cond:
             return sorted(self._workers)
+
+    @property
+    def healthy_workers(self) -> list[int]:
+        """Ids of the live workers that are not stuck: those that could serve a request submitted now."""
+        with self._cond:
+            return sorted(wid for wid, w in self._workers.items() if w.stuck_since is None)
+
+    @property
+    def stuck_workers(self) -> list[int]:
+        """Ids of the live workers whose running batch went past a request's deadline + ``deadline_grace_s``."""
+        with self._cond:
+            return sorted(wid for wid, w in self._workers.items() if w.stuck_since is not None)
+
+    @property
+    def stuck_total(self) -> int:
+        """How many times a worker was marked stuck since the start."""
+        return self._stuck_total
+
+    @property
+    def late_results(self) -> int:
+        """Results a stuck worker returned after its requests had been answered with a deadline error (discarded)."""
+        return self._late_results
 
     def _orphans_locked(self) -> list[Entry]:
         # With no worker left nobody would ever look at the queue again: fail what is queued now.
@@ -273,6 +348,8 @@ class Scheduler:
         finally:
             with self._cond:
                 self._threads.discard(w.thread)  # type: ignore[arg-type]
+                self._live.discard(w)
+                self._reaper_cond.notify()  # closing: the reaper may be waiting for this thread's batch
 
     def _serve(self, w: _Worker) -> None:
         cond, q, policy, clock, metrics = self._cond, self._queue, self.policy, self._clock, self._metrics
@@ -281,6 +358,7 @@ class Scheduler:
             expired: list[Entry] = []
             batch: list[Entry] | None = None
             d = None
+            cancelled = 0
             with cond:
                 while True:
                     if w.stop or (self._closing and not q):
@@ -295,8 +373,12 @@ class Scheduler:
                             w.held, w.touched = expired, 0
                         d = step.decision
                         if d is not None:
-                            batch = step.batch
-                            w.held, w.touched = [*expired, *batch], 0
+                            # Marked running under the lock, so that the reaper sees exactly the running entries
+                            # (set_running_or_notify_cancel runs no callback). Cancelled ones are left out.
+                            batch = [e for e in step.batch if e.item[0].set_running_or_notify_cancel()]
+                            w.running = batch[:]
+                            w.held, w.touched = [*step.batch, *expired], len(step.batch)
+                            cancelled = len(step.batch) - len(batch)
                             metrics.record_decision(now, w.wid, d.subnet_id, len(batch), step.queue_len, d.latency_s)
                             break
                         if expired:
@@ -311,30 +393,23 @@ class Scheduler:
                         self._idle -= 1
             if expired:
                 self._miss(expired)
-                w.touched = len(expired)
+                w.touched = len(w.held)
             if batch is not None:
-                alive = self._execute(w, d, batch)
-                w.held = []
+                alive = self._execute(w, d, batch, cancelled)
+                w.held = w.claimed = []
                 if not alive:
                     return
             elif not expired:
                 return  # asked to stop, or closing with an empty queue
             w.held = []
 
-    def _execute(self, w: _Worker, d: Any, batch: list[Entry]) -> bool:
-        """Run one batch; returns False when the worker must retire."""
-        entries, payloads = [], []
-        for e in batch:
-            fut, payload = e[3]
-            if fut.set_running_or_notify_cancel():
-                entries.append(e)
-                payloads.append(payload)
-        w.touched = len(w.held)
-        cancelled = len(batch) - len(entries)
+    def _execute(self, w: _Worker, d: Any, entries: list[Entry], cancelled: int) -> bool:
+        """Run one batch (its futures already RUNNING); returns False when the worker must retire."""
         if cancelled:
             self._metrics.record_cancel(self._clock(), cancelled)
         if not entries:
             return True
+        payloads = [e.item[1] for e in entries]
         t_start = self._clock()
         try:
             results = w.fn(d.subnet_id, payloads)
@@ -347,23 +422,49 @@ class Scheduler:
                 )
         except BaseException as exc:  # noqa: BLE001 - any failure, even KeyboardInterrupt in a thread, fails the batch
             t = self._clock()
-            for e in entries:
-                e[3][0].set_exception(exc)
-            self._metrics.record_failure(t, len(entries))
+            live = self._claim(w, entries, t)
+            for e in live:
+                e.item[0].set_exception(exc)
+            self._metrics.record_failure(t, len(live))
             if isinstance(exc, WorkerFailedError) or not isinstance(exc, Exception):
                 self._retire(w, exc)
                 return False
             return True
         t_done = self._clock()
         model = self.latency_model
-        if model is not None:
-            with self._cond:
-                if model.record(w.wid, d.subnet_id, len(entries), t_done - t_start, t_done):
-                    model.replan(self.policy, t_done)
-        self._metrics.record_served(t_done, entries, d.accuracy)
-        for e, r in zip(entries, results, strict=True):
-            e[3][0].set_result(r)
+        with self._cond:
+            live = self._claim_locked(w, entries, t_done)
+            if model is not None and model.record(w.wid, d.subnet_id, len(entries), t_done - t_start, t_done):
+                model.replan(self.policy, t_done)
+        if live is not entries:  # the reaper answered some of them past deadline + grace: drop their results
+            keep = {id(e) for e in live}
+            results = [r for e, r in zip(entries, results, strict=True) if id(e) in keep]
+        self._metrics.record_served(t_done, live, d.accuracy)
+        for e, r in zip(live, results, strict=True):
+            e.item[0].set_result(r)
         return True
+
+    def _claim(self, w: _Worker, entries: list[Entry], now: float) -> list[Entry]:
+        with self._cond:
+            return self._claim_locked(w, entries, now)
+
+    def _claim_locked(self, w: _Worker, entries: list[Entry], now: float) -> list[Entry]:
+        """The worker's callable returned: take the entries of its batch the reaper has not answered (``entries``
+        itself when it answered none), and clear the worker's stuck mark."""
+        live, w.running = w.running, []
+        w.claimed = live
+        if w.stuck_since is not None:
+            _log.warning(
+                "scheduling worker %r returned after %.3f s stuck; %d late result(s) discarded; it serves again",
+                w.name,
+                now - w.stuck_since,
+                len(entries) - len(live),
+            )
+            w.stuck_since = None
+        if len(live) == len(entries):
+            return entries
+        self._late_results += len(entries) - len(live)
+        return live
 
     def _retire(self, w: _Worker, cause: BaseException | None = None) -> None:
         with self._cond:
@@ -379,6 +480,11 @@ class Scheduler:
 
     def _die(self, w: _Worker, exc: BaseException) -> None:
         """The worker's loop raised outside its callable: fail what it held, then retire it."""
+        with self._cond:
+            # Still in the batch, or claimed by this (dying) worker: fail them here. The others were completed, or
+            # are being completed by the reaper.
+            mine = {id(e) for e in (*w.running, *w.claimed)}
+            w.running, w.claimed = [], []
         held, touched, w.held = w.held, w.touched, []
         err = WorkerFailedError(
             f"worker {w.name!r} died outside its callable ({exc!r}); the requests it had taken from the queue fail"
@@ -387,24 +493,117 @@ class Scheduler:
         t = self._clock()
         failed = cancelled = 0
         for i, e in enumerate(held):
-            outcome = _settle(e[3][0], err, touched=i < touched)
+            if i < touched and (id(e) not in mine or e.item[0].done()):
+                continue
+            outcome = _settle(e.item[0], err, touched=i < touched)
             failed += outcome == "failed"
             cancelled += outcome == "cancelled"
         self._metrics.record_failure(t, failed)
         self._metrics.record_cancel(t, cancelled)
         self._retire(w, exc)
 
+    # ------------------------------------------------------------------ the reaper: expiry on its own clock
+    def _reap(self) -> None:
+        """Thread body: answer what is past due whatever the workers do (see the module docstring); exits once the
+        scheduler is closed and nothing is queued or running."""
+        cond, clock, grace = self._reaper_cond, self._clock, self.deadline_grace_s
+        while True:
+            try:
+                with cond:
+                    while True:
+                        now = clock()
+                        dropped = self._expire_queued_locked(now)
+                        overdue = self._overdue_running_locked(now)
+                        if dropped or overdue:
+                            break
+                        due = self._next_due_locked()
+                        if due == math.inf:
+                            if self._closing:
+                                return
+                            self._reaper_idle = True
+                            cond.wait()
+                        else:
+                            cond.wait(min(max(due - now, 0.0) + 1e-4, REAPER_TICK_S))
+                if dropped:
+                    self._miss(dropped)
+                for e in overdue:
+                    e.item[0].set_exception(
+                        DeadlineMissedError(
+                            f"its batch was still running on a stuck worker {1e3 * (now - e.deadline):.1f} ms past "
+                            f"its deadline (grace {grace:g} s)"
+                        )
+                    )
+                if overdue:
+                    self._metrics.record_drop(now, len(overdue))
+            except Exception:  # noqa: BLE001 - e.g. a policy whose min_latency raises: keep the guarantee, log it
+                _log.exception("scheduling reaper: unexpected error; retrying in %.2f s", REAPER_TICK_S)
+                time.sleep(REAPER_TICK_S)
+
+    def _expire_queued_locked(self, now: float) -> list[Entry]:
+        q = self._queue
+        if not q:
+            return []
+        if not q.drop_late:
+            return q.pop_due(now - self.deadline_grace_s)  # type: ignore[operator]
+        dropped: list[Entry] = []
+        while q:  # the drop rule, as dispatch_step applies it (the threshold depends on the queue length)
+            more = q.expire(now, self.policy.min_latency(len(q)))
+            if not more:
+                break
+            dropped += more
+        return dropped
+
+    def _overdue_running_locked(self, now: float) -> list[Entry]:
+        """Take the running entries past deadline + grace out of their workers' batches; mark those workers stuck."""
+        cutoff = now - self.deadline_grace_s  # type: ignore[operator]
+        overdue: list[Entry] = []
+        for w in self._live:
+            run = w.running
+            if not run or run[0].deadline > cutoff:  # earliest deadline first
+                continue
+            n = 1
+            while n < len(run) and run[n].deadline <= cutoff:
+                n += 1
+            overdue += run[:n]
+            del run[:n]
+            if w.stuck_since is None:
+                w.stuck_since = now
+                self._stuck_total += 1
+                _log.warning(
+                    "scheduling worker %r is stuck: its batch is still running %.3f s past a request's deadline "
+                    "(grace %g s); %d request(s) answered with DeadlineMissedError, the worker is not ready until its "
+                    "callable returns",
+                    w.name,
+                    now - overdue[-1].deadline,
+                    self.deadline_grace_s,
+                    n,
+                )
+        return overdue
+
+    def _next_due_locked(self) -> float:
+        """When something next becomes due: the queue head's drop time or a running request's deadline + grace."""
+        grace = self.deadline_grace_s
+        q = self._queue
+        due = math.inf
+        if q:
+            head = q.peek_deadline()
+            due = head - self.policy.min_latency(len(q)) if q.drop_late else head + grace  # type: ignore[operator]
+        for w in self._live:
+            if w.running:
+                due = min(due, w.running[0].deadline + grace)  # type: ignore[operator]
+        return due
+
     def _miss(self, entries: list[Entry]) -> None:
         t = self._clock()
         done = 0
         for e in entries:
-            fut = e[3][0]
+            fut = e.item[0]
             if fut.set_running_or_notify_cancel():  # False: the caller cancelled it while queued
                 done += 1
                 fut.set_exception(
                     DeadlineMissedError(
-                        f"dropped: remaining slack {1e3 * (e[0] - t):.3f} ms is below the fastest latency the policy "
-                        "can run"
+                        f"dropped: remaining slack {1e3 * (e.deadline - t):.3f} ms is below the fastest latency the "
+                        "policy can run"
                     )
                 )
         self._metrics.record_drop(t, done)
@@ -417,7 +616,7 @@ class Scheduler:
         t = self._clock()
         done = 0
         for e in entries:
-            fut = e[3][0]
+            fut = e.item[0]
             if fut.set_running_or_notify_cancel():
                 done += 1
                 fut.set_exception(exc)
@@ -433,7 +632,9 @@ class Scheduler:
                 workers exit. ``False``: queued requests are cancelled at once; running batches finish.
             timeout: Seconds to wait for the worker threads (``None``: wait for them). When it runs out, requests
                 still queued fail with :class:`~scheduling.errors.SchedulerClosedError` and the workers exit after
-                their current batch; only a worker callable that never returns keeps its own batch's futures pending.
+                their current batch. A worker callable that never returns keeps its thread, but its batch's futures
+                are still answered by the reaper at their deadline + ``deadline_grace_s`` (with
+                ``deadline_grace_s=None`` they stay pending).
         """
         with self._cond:
             self._closing = True
@@ -444,10 +645,11 @@ class Scheduler:
             threads = list(self._threads)
             orphans = self._orphans_locked()
             self._cond.notify_all()
+            self._reaper_cond.notify()
         if cancelled:
             self._metrics.record_cancel(self._clock(), len(cancelled))
             for e in cancelled:
-                fut = e[3][0]
+                fut = e.item[0]
                 fut.cancel()
                 # cancel() alone leaves the state CANCELLED, which concurrent.futures.wait()/as_completed() do not
                 # count as done; this moves it to CANCELLED_AND_NOTIFIED and wakes their waiters.
@@ -472,6 +674,12 @@ class Scheduler:
                 f"close(timeout={timeout!r}) returned with {busy} worker(s) still busy; this request was still queued"
             ),
         )
+        reaper = self._reaper
+        if not busy and reaper is not None and reaper is not threading.current_thread():
+            # Nothing is queued or running any more: the reaper sees that at its next look and exits.
+            with self._cond:
+                self._reaper_cond.notify()
+            reaper.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Scheduler:
         return self

@@ -32,6 +32,7 @@ from torch import nn
 from ._registry import qualified_name
 from .config import SubnetConfig
 from .errors import ConfigError
+from .handlers import OperatorEntry, register_operator_kind
 from .head_count import head_count_copy
 from .operator import Operator, cloned_parameter, shallow_copy_as
 from .slimmable_norm import SubnetLayerNorm, is_layer_norm
@@ -127,29 +128,30 @@ def head_layout(module: nn.Module) -> tuple[int, int] | str:
     return heads, head_dim
 
 
-def attention_operators(
-    module: nn.Module, path: str, group: int
-) -> tuple[dict[str, Callable[[nn.Module], nn.Module]], dict[str, tuple[int | None, int | None]]]:
-    """The plan entries converting the attention at ``path`` with heads channel group ``group``: ``(custom
-    factories, layer slices)`` for :class:`~subnetact.extend.ConversionPlan` (factories run in order, parents
-    first)."""
-    prefix = f"{path}." if path else ""
+@register_operator_kind("attention")
+def attention_heads(module: nn.Module, entry: OperatorEntry) -> nn.Module:
+    """Handler of kind ``"attention"``: the operator slicing the heads of ``module`` (an ``nn.MultiheadAttention``
+    or a registered packed attention) with heads channel group ``entry.groups[0]``.
+
+    A packed attention becomes a head-count copy of itself (same Parameters, its own children: ``module`` is not
+    changed) whose ``qkv`` is a :class:`PackedSliceLinear`, output projection and head producers
+    :class:`~subnetact.weight_slice.WeightSliceLinear` and head norms :class:`SubnetLayerNorm`.
+    """
+    (group,) = entry.groups
     if isinstance(module, nn.MultiheadAttention):
-        return {path: lambda m: SubnetMultiheadAttention.from_module(m, group)}, {}
+        return SubnetMultiheadAttention.from_module(module, group)
     spec = _packed_spec(module)
-    head_dim = getattr(module, spec.head_dim_attr)
-    custom: dict[str, Callable[[nn.Module], nn.Module]] = {
-        path: lambda m: head_count_copy(m, group, head_dim, spec.heads_attr, spec.attn_dim_attr),
-        prefix + spec.qkv: lambda m: PackedSliceLinear.from_module(m, 3, group),
-    }
-    slices: dict[str, tuple[int | None, int | None]] = {prefix + spec.proj: (None, group)}
+    new = head_count_copy(module, group, getattr(module, spec.head_dim_attr), spec.heads_attr, spec.attn_dim_attr)
+    setattr(new, spec.qkv, PackedSliceLinear.from_module(getattr(new, spec.qkv), 3, group))
+    setattr(new, spec.proj, WeightSliceLinear.from_module(getattr(new, spec.proj), None, group))
     for child in spec.head_producers:
-        if getattr(module, child, None) is not None:
-            slices[prefix + child] = (group, None)
+        if getattr(new, child, None) is not None:
+            setattr(new, child, WeightSliceLinear.from_module(getattr(new, child), group, None))
     for child in spec.head_norms:
-        if is_layer_norm(getattr(module, child, None) or nn.Identity()):
-            custom[prefix + child] = lambda m: SubnetLayerNorm.from_module(m, group)
-    return custom, slices
+        norm = getattr(new, child, None)
+        if norm is not None and is_layer_norm(norm):
+            setattr(new, child, SubnetLayerNorm.from_module(norm, group))
+    return new
 
 
 class PackedSliceLinear(WeightSlice, nn.Linear):
@@ -196,9 +198,9 @@ class PackedSliceLinear(WeightSlice, nn.Linear):
         weights, biases = self._parts(k)
         with torch.device("meta"):
             dense = nn.Linear(self.in_features, self.chunks * k, bias=self.bias is not None)
-        dense.weight = nn.Parameter(torch.cat(weights).detach().clone(), requires_grad=self.weight.requires_grad)
+        dense.weight = cloned_parameter(torch.cat(weights), self.weight.requires_grad)
         if self.bias is not None:
-            dense.bias = nn.Parameter(torch.cat(biases).detach().clone(), requires_grad=self.bias.requires_grad)
+            dense.bias = cloned_parameter(torch.cat(biases), self.bias.requires_grad)
         dense.training = self.training
         return dense
 

@@ -20,7 +20,8 @@ from .errors import InvalidSubnetError
 Value = int | float
 
 
-def _as_value(dim: str, index: int, v: Any) -> Value:
+def as_value(dim: str, index: int, v: Any) -> Value:
+    """``v`` as a config value (a Python int or float), or :class:`InvalidSubnetError` naming ``dim[index]``."""
     # bool is an int subclass; True as a depth is almost certainly a bug, so refuse it (numpy's bool_ is no Integral).
     # numpy scalars (np.int64, np.float32, ...) register as numbers.Integral / Real: stored as Python int / float.
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
@@ -62,7 +63,7 @@ class SubnetConfig:
             values = dims[name]
             if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
                 raise InvalidSubnetError(f"{name}={values!r} must be a list or tuple of numbers")
-            items.append((name, tuple(_as_value(name, i, v) for i, v in enumerate(values))))
+            items.append((name, tuple(as_value(name, i, v) for i, v in enumerate(values))))
         self._items: tuple[tuple[str, tuple[Value, ...]], ...] = tuple(items)
         self._hash = hash(self._items)
 

@@ -2,84 +2,49 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
-from ._registry import ClassRegistry
-from .attention import attention_operators
 from .errors import ConfigError, UnsupportedModelError
 from .graph import analyse_trace
-from .layer_select import PREFIX, LayerSelect, LayerSelectList
+from .handlers import OperatorEntry, build_operator, check_kinds
 from .operator import Operator
+from .plan import (  # noqa: F401  (ConvertConfig, register_model_adapter: kept importable from here)
+    ConversionPlan,
+    ConvertConfig,
+    StagePlan,
+    depth_choices,
+    find_model_adapter,
+    register_model_adapter,
+)
 from .rules import BlockSpec, ChannelSpec, find_block_rule, unsupported_block_error
-from .slimmable_norm import slimmable_norm
 from .space import Entry, Space
-from .state import ActuationState, ChannelGroup
-from .subnet_norm import SubnetNorm
-from .supernet import SupernetMixin, state_of, supernet_class
+from .state import ActuationState, ChannelGroup, state_of, width_sizes
+from .supernet import SupernetMixin, from_supernet, to_supernet
 from .trace import sliceable_kind
 from .verify import (
     MODE_SENSITIVE,
     check_largest,
     check_smallest,
     detached_copy,
+    example_call,
     one_thread,
     plain_output,
     same_output,
     trace_model,
 )
 from .weight_cache import check_budget_mb
-from .weight_slice import WeightSliceConv2d, WeightSliceLinear
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)
-
-
-@dataclass(frozen=True)
-class ConvertConfig:
-    """Options of :func:`convert`: the search space it builds.
-
-    Args:
-        width_choices: channel fractions every block may use, increasing. A block of C channels in groups of
-            ``unit`` runs ``unit * ceil(w * C / unit)`` channels (``ceil(w * C)`` for ungrouped layers).
-        min_depth: smallest number of blocks per stage (clamped to the stage's length; at least 1, because the
-            first block of a stage changes the shape and always runs).
-    """
-
-    width_choices: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
-    min_depth: int = 1
-
-    def __post_init__(self) -> None:
-        choices = tuple(self.width_choices)
-        object.__setattr__(self, "width_choices", choices)
-        if not choices:
-            raise ConfigError("width_choices=() must hold at least one fraction in (0, 1]")
-        for w in choices:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= 1):
-                raise ConfigError(f"width_choices={choices!r}: every value must be a number in (0, 1], got {w!r}")
-        if list(choices) != sorted(set(choices)):
-            raise ConfigError(f"width_choices={choices!r} must be strictly increasing")
-        if isinstance(self.min_depth, bool) or not isinstance(self.min_depth, int) or self.min_depth < 1:
-            raise ConfigError(f"min_depth={self.min_depth!r} must be an int >= 1")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def active_size(width: float, spec: ChannelSpec) -> int:
-    """Channels a block of ``spec`` runs at ``width``: whole units, at least one."""
-    units = spec.size // spec.unit
-    # The 1e-9 keeps e.g. ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
-    return spec.unit * max(1, math.ceil(width * units - 1e-9))
 
 
 @dataclass
 class _Stage:
     path: str
-    module: nn.Sequential
+    module: nn.Module
     blocks: list[tuple[str, nn.Module, BlockSpec]]
 
 
@@ -150,21 +115,8 @@ def convert(
         raise UnsupportedModelError("model is already converted (call subnetact.unconvert(model) first)")
     check_budget_mb(weight_cache_mb, "convert: weight_cache_mb")
 
-    # Phase 1: analyse and validate (no mutation). A model adapter, if one is registered for the model's class,
-    # replaces the analysis and is trusted to be exact (its own tests check parity with its reference).
-    adapter = find_model_adapter(model)
-    plan = None if adapter is None else adapter(model, config, filter_fn)
-    if plan is not None:
-        replaced = apply_conversion(model, plan, config)
-        if plan.check is not None:
-            try:
-                plan.check(model)
-            except BaseException:
-                rollback(model, replaced)
-                raise
-        if weight_cache_mb is not None:
-            model.set_weight_cache(weight_cache_mb)
-        return model
+    # Phase 1: analyse and validate (no mutation): a model adapter registered for the model's class, else block
+    # rules and the trace.
     with one_thread():
         plan, call, reference, traced = analyse_model(model, config, filter_fn, example_inputs)
         # Phase 2: rewrite, then check; undo everything on failure.
@@ -184,71 +136,17 @@ def convert(
             except BaseException:
                 rollback(model, replaced)
                 raise
+        if plan.check is not None:  # an adapter's own convert-time check (decoders: on a tiny input it builds)
+            try:
+                plan.check(model)
+            except BaseException:
+                rollback(model, replaced)
+                raise
         if example_inputs is not None and call is not None:
-            model._subnetact.example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
+            state_of(model).example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
     if weight_cache_mb is not None:
         model.set_weight_cache(weight_cache_mb)
     return model
-
-
-@dataclass
-class StagePlan:
-    """One ``LayerSelect`` to insert: the ``nn.Sequential`` at ``path`` (or an ``nn.ModuleList`` that its owner loops
-    over, which becomes a :class:`LayerSelectList`), and how it keeps blocks."""
-
-    path: str
-    rule: str = PREFIX
-    start: int = 0  # a run of positions [start, end) of the Sequential (end None: to its end)
-    end: int | None = None
-
-
-@dataclass
-class ConversionPlan:
-    """What phase 2 of :func:`convert` does, computed and validated by phase 1 (block rules or a model adapter).
-
-    Args:
-        stages: the stages to wrap, in the order of the space's ``depth`` entries.
-        dims: the search space's dimensions (``depth`` entries must match ``stages``).
-        groups: the elastic channel groups.
-        slices: conv/linear path -> (output group, input group), either None when not sliced.
-        norms: BatchNorm path -> group (None: not sliced). Every other ``nn.BatchNorm2d`` becomes an unsliced
-            SubnetNorm.
-        custom: path -> factory building a user-defined :class:`~subnetact.operator.Operator` from the module there.
-        prepare: called on the model first thing in phase 2, for adapters that restructure a model before operators
-            go in (once-for-all: swap its dynamic wrappers for plain layers holding the same Parameters). Every
-            other path of the plan refers to the prepared model. It must not fail on a model phase 1 accepted.
-        links: keyword -> dimensions it sets together (:class:`~subnetact.Space` links), e.g.
-            ``{"width": ("heads", "ffn")}``.
-        check: called on the converted model after phase 2 (an adapter's convert-time verification, e.g. the
-            largest subnet reproducing the original output); an exception rolls the conversion back.
-    """
-
-    stages: list[StagePlan]
-    dims: dict[str, list[Entry]]
-    groups: list[ChannelGroup]
-    slices: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
-    norms: dict[str, int | None] = field(default_factory=dict)
-    custom: dict[str, Callable[[nn.Module], nn.Module]] = field(default_factory=dict)
-    prepare: Callable[[nn.Module], None] | None = None
-    links: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    check: Callable[[nn.Module], None] | None = None
-
-
-ModelAdapter = Callable[[nn.Module, ConvertConfig, "Callable[[nn.Module, str], bool] | None"], "ConversionPlan | None"]
-
-
-_ADAPTERS: ClassRegistry[ModelAdapter] = ClassRegistry()  # built-ins: subnetact/builtins.py
-
-
-def register_model_adapter(model_type: type | str) -> Callable[[ModelAdapter], ModelAdapter]:
-    """Decorator registering a whole-model analysis ``(model, config, filter_fn) -> ConversionPlan | None`` for a
-    class (or its ``"module.QualName"``), used instead of the default analysis; returning None hands the model to
-    the default analysis."""
-    return _ADAPTERS.register(model_type)
-
-
-def find_model_adapter(model: nn.Module) -> ModelAdapter | None:
-    return _ADAPTERS.lookup(type(model))
 
 
 def analyse_model(
@@ -257,16 +155,25 @@ def analyse_model(
     filter_fn: Callable[[nn.Module, str], bool] | None,
     example_inputs: Any,
 ) -> tuple[ConversionPlan, tuple[tuple, dict] | None, Any, bool]:
-    """The default analysis: block rules where they apply, the trace everywhere else.
+    """Phase 1 of :func:`convert`: a model adapter's plan if one is registered for the model's class, else the
+    block rules' plan merged with the trace's.
+
+    Every plan is verified the same way whenever an example input exists (the caller's, or for the default analysis
+    one built from the model's first layer): an adapter's plan is checked against a plain forward of the original.
 
     Returns:
-        The plan, the example call ``(args, kwargs)`` to verify with (None: no input could be built and the rules
-        alone were used), the original model's output on it, and whether that output is the trace's (True) or a
-        plain forward's.
+        The plan, the example call ``(args, kwargs)`` to verify with (None: no input, nothing to verify), the
+        original model's output on it, and whether that output is the trace's (True) or a plain forward's.
     """
+    adapter = find_model_adapter(model)
+    plan = None if adapter is None else adapter(model, config, filter_fn)
+    if plan is not None:
+        if example_inputs is None:
+            return plan, None, None, False
+        call = example_call(example_inputs)
+        return plan, call, plain_output(model, call), False
     rule_stages = _find_stages(model, filter_fn)
     rules = analyse_blocks(model, config, rule_stages)
-    covered = _covered_by(rule_stages)
     found = trace_model(model, example_inputs, required=not rule_stages)
     if found is None:
         return rules, None, None, False
@@ -275,45 +182,22 @@ def analyse_model(
     # own kernels (leaves outside its mode). Saves one forward, which is most of convert's time on large models.
     traced = not any(isinstance(m, MODE_SENSITIVE) for m in model.modules())
     reference = trace.output if traced else plain_output(model, call)
-    graph = analyse_trace(model, trace, config.width_choices, covered=covered, filter_fn=filter_fn)
-
-    stages = list(rules.stages)
-    depth = list(rules.dims.get("depth", []))
-    for path, start, end, n in graph.stages:
-        whole = start == 0 and end == len(model.get_submodule(path)._modules)
-        stages.append(StagePlan(path, PREFIX, start, end))
-        depth.append(Entry(path if whole else f"{path}[{start}:{end}]", tuple(range(min(config.min_depth, n), n + 1))))
-    width = list(rules.dims.get("width", []))
-    offset_entries, offset_groups = len(width), len(rules.groups)
-    width += [Entry(name, config.width_choices) for name in graph.width_names]
-    groups = list(rules.groups) + [
-        ChannelGroup(g.dim, g.index + offset_entries, g.full, g.sizes) for g in graph.groups
-    ]
-
-    def shift(g: int | None) -> int | None:
-        return None if g is None else g + offset_groups
-
-    slices = dict(rules.slices)
-    slices.update({path: (shift(o), shift(i)) for path, (o, i) in graph.slices.items()})
-    norms = {path: shift(g) for path, g in graph.norms.items()}
-    norms.update(rules.norms)
-    custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
-    for path, g in graph.heads.items():
-        factories, layers = attention_operators(model.get_submodule(path), path, shift(g))
-        custom.update(factories)
-        slices.update(layers)
-    if not groups and not any(len(e.choices) > 1 for e in depth):
+    graph = analyse_trace(
+        model,
+        trace,
+        config.width_choices,
+        min_depth=config.min_depth,
+        covered=_covered_by(rule_stages),
+        filter_fn=filter_fn,
+    )
+    plan = rules.merge(graph)
+    if not plan.is_elastic():
         why = "; ".join(graph.blocked[:3]) or "it has no conv/linear layer whose channels could shrink"
         raise UnsupportedModelError(
             f"nothing in {type(model).__qualname__} can be made elastic: no residual block y = x + f(x) inside an "
             f"nn.Sequential, and every channel group stays at full width ({why})"
         )
-    dims = {}
-    if depth:
-        dims["depth"] = depth
-    if width:
-        dims["width"] = width
-    return ConversionPlan(stages, dims, groups, slices, norms, custom), call, reference, traced
+    return plan, call, reference, traced
 
 
 def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]) -> ConversionPlan:
@@ -334,7 +218,7 @@ def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]
                 continue
             _check_channel_spec(path, block, spec.width)
             group = len(groups)
-            sizes = tuple((w, active_size(w, spec.width)) for w in config.width_choices)
+            sizes = width_sizes(spec.width.size, config.width_choices, spec.width.unit)
             groups.append(ChannelGroup("width", len(width_entries), spec.width.size, sizes))
             width_entries.append(Entry(path, config.width_choices))
             outs, ins = set(spec.width.producers), set(spec.width.consumers)
@@ -342,7 +226,7 @@ def analyse_blocks(model: nn.Module, config: ConvertConfig, stages: list[_Stage]
                 slices[f"{path}.{name}"] = (group if name in outs else None, group if name in ins else None)
             for name in spec.width.norms:
                 norms[f"{path}.{name}"] = group
-        depth_entries.append(Entry(stage.path, tuple(range(min(config.min_depth, n), n + 1))))
+        depth_entries.append(Entry(stage.path, depth_choices(n, config.min_depth)))
     dims = {}
     if depth_entries:
         dims["depth"] = depth_entries
@@ -375,11 +259,13 @@ def apply_conversion(
     n_depth = len(space.entries("depth")) if "depth" in space.dims else 0
     if n_depth != len(plan.stages):
         raise UnsupportedModelError(f"{len(plan.stages)} stages but {n_depth} depth entries")
+    entries = plan.entries()
+    check_kinds(entries)  # an unknown operator kind fails here, before the model changes
     if plan.prepare is not None:
         plan.prepare(model)
     replaced: list[tuple[nn.Module, str, Any]] = []
     try:
-        _insert_operators(model, plan, replaced)
+        _insert_operators(model, plan, entries, replaced)
         ops = [m for m in model.modules() if isinstance(m, Operator)]
         index = {id(op): i for i, op in enumerate(ops)}
         by_path: dict[str, list[tuple[int, StagePlan]]] = {}
@@ -398,10 +284,8 @@ def apply_conversion(
             ]
         state = ActuationState(space, ops, plan.groups, config)
         for i, op in enumerate(ops):
-            op._op_index = i
-            op._subnetact_state = state
-        model.__class__ = supernet_class(type(model))
-        model._subnetact = state
+            op.bind(state, i)
+        to_supernet(model, state)
         state.invalidate()
     except BaseException:
         rollback(model, replaced)
@@ -409,27 +293,21 @@ def apply_conversion(
     return replaced
 
 
-def _insert_operators(model: nn.Module, plan: ConversionPlan, replaced: list) -> None:
-    for path, factory in plan.custom.items():
-        _replace(model, path, factory(model.get_submodule(path)), replaced)
-    for path, (out_group, in_group) in plan.slices.items():
-        layer = model.get_submodule(path)
-        cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
-        _replace(model, path, cls.from_module(layer, out_group, in_group), replaced)
-    for path, group in plan.norms.items():
-        norm = model.get_submodule(path)
-        if isinstance(norm, (nn.LayerNorm, nn.GroupNorm)):
-            _replace(model, path, slimmable_norm(norm, group), replaced)
-        else:
-            _replace(model, path, SubnetNorm.from_module(norm, group), replaced)
+def _insert_operators(
+    model: nn.Module, plan: ConversionPlan, entries: list[tuple[str, OperatorEntry]], replaced: list
+) -> None:
+    """Replace every planned module by the operator its kind's handler builds (:mod:`subnetact.handlers`), every
+    other BatchNorm by an unsliced :class:`SubnetNorm`, and every stage by a :class:`LayerSelect`."""
+    for path, entry in entries:
+        _replace(model, path, build_operator(path, model.get_submodule(path), entry), replaced)
+    unsliced = OperatorEntry("norm", (None,))
     for path, module in list(model.named_modules()):
         if sliceable_kind(module) == "norm" and not isinstance(module, Operator):
-            _replace(model, path, SubnetNorm.from_module(module, None), replaced)
+            _replace(model, path, build_operator(path, module, unsliced), replaced)
     for path in dict.fromkeys(stage.path for stage in plan.stages):
-        module = model.get_submodule(path)
-        cls = LayerSelectList if isinstance(module, nn.ModuleList) else LayerSelect
         rule = next(s.rule for s in plan.stages if s.path == path)
-        _replace(model, path, cls.from_module(module, rule), replaced)
+        select = OperatorEntry("layer_select", (), rule)
+        _replace(model, path, build_operator(path, model.get_submodule(path), select), replaced)
 
 
 def rollback(model: nn.Module, replaced: list[tuple[nn.Module, str, Any]]) -> None:
@@ -437,10 +315,7 @@ def rollback(model: nn.Module, replaced: list[tuple[nn.Module, str, Any]]) -> No
     for parent, name, original in reversed(replaced):
         setattr(parent, name, original)
     replaced.clear()
-    base = getattr(type(model), "_subnetact_base", None)
-    if base is not None and isinstance(model, SupernetMixin):
-        model.__class__ = base
-    model.__dict__.pop("_subnetact", None)
+    from_supernet(model)
 
 
 def unconvert(model: nn.Module) -> nn.Module:
@@ -452,8 +327,7 @@ def unconvert(model: nn.Module) -> nn.Module:
     for path, module in reversed(list(model.named_modules())):
         if isinstance(module, Operator):
             _replace(model, path, module.to_base())
-    del model._subnetact
-    model.__class__ = type(model)._subnetact_base
+    from_supernet(model)
     return model
 
 

@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_map
 
 from .config import SubnetConfig
 from .errors import SubnetActError
+from .state import converted_state, state_of
 
 __all__ = ["CapturedSupernet", "capture"]
 
@@ -68,7 +69,7 @@ class CapturedSupernet:
         Returns:
             The model's output (a copy of the graph's static output unless ``clone_outputs=False``).
         """
-        state = self.model._subnetact
+        state = state_of(self.model)
         if subnet is None:
             config = state.current().config
         else:
@@ -91,7 +92,7 @@ class CapturedSupernet:
 
     def has_graph(self, subnet: SubnetConfig, batch_size: int) -> bool:
         """Whether a graph was captured for (``subnet``, ``batch_size``)."""
-        return (self.model._subnetact.plan_for(subnet).config, batch_size) in self.graphs
+        return (state_of(self.model).plan_for(subnet).config, batch_size) in self.graphs
 
 
 def capture(
@@ -126,7 +127,7 @@ def capture(
         InvalidSubnetError: for a subnet outside the model's space.
     """
     _check_converted(model)
-    state = model._subnetact
+    state = state_of(model)
     configs = [state.plan_for(s if isinstance(s, SubnetConfig) else SubnetConfig.from_dict(s)).config for s in subnets]
     sizes = list(batch_sizes)
     if not configs:
@@ -185,7 +186,7 @@ def capture(
 
 
 def _check_converted(model: nn.Module) -> None:
-    if not hasattr(model, "_subnetact"):
+    if converted_state(model) is None:
         raise GraphCaptureError(
             f"capture: {type(model).__name__} is not a converted model; call subnetact.convert(model) first"
         )

@@ -111,8 +111,9 @@ def run_demo(
         slo_factor: if given, the SLO is ``slo_factor`` x the most accurate subnet's batch-16 latency in the profile.
         latency_stat: ``"p99"`` (default) or ``"mean"``: the profiled latency every policy plans with. On a shared
             CPU the p99 leaves room for the jitter that makes mean-planned batches finish late.
-        policies: any of ``"slackfit"``, ``"slackfit-adaptive"`` (with a :class:`scheduling.LatencyModel`),
-            ``"mincost"``, ``"maxacc"``, ``"fixed"`` (every subnet) and ``"fixed:<id>"``; default: SlackFit, adaptive
+        policies: any name :func:`scheduling.make_policy` knows (``"slackfit"``, ``"maxacc"``, ``"maxbatch"``,
+            ``"mincost"``, a registered one), ``"slackfit-adaptive"`` (with a :class:`scheduling.LatencyModel`),
+            ``"fixed"`` (every subnet) and ``"fixed:<id>"``; default: SlackFit, adaptive
             SlackFit, MinCost and Fixed on every subnet.
         batch_sizes: batch sizes to profile (the policies choose among them).
         workers: inference worker threads (each runs one batch at a time on the shared model).
@@ -125,7 +126,7 @@ def run_demo(
         plot: write the PNG (needs matplotlib; skipped with a note if it is not installed).
         stream: where the table and progress go (default stdout).
     """
-    from scheduling import Fixed, LatencyModel, MaxAcc, MinCost, SlackFit, traces
+    from scheduling import LatencyModel, make_policy, traces
     from scheduling.metrics import rate_series
 
     out = sys.stdout if stream is None else stream
@@ -153,11 +154,7 @@ def run_demo(
     x_test = digits.to_input(images)  # (N, 1, 8, 8)
     served = [SubnetConfig.from_dict(r["config"]) for r in record["pareto"]]
     accuracies = [float(r["accuracy"]) for r in record["pareto"]]
-    chosen = _policy_names(
-        policies,
-        len(served),
-        {"slackfit", "slackfit-adaptive", "mincost", "maxacc", *(f"fixed:{i}" for i in range(len(served)))},
-    )
+    chosen = _policy_names(policies, len(served))
     print(
         f"digits supernet: {len(served)} Pareto subnets, {len(labels)} held-out images; profiling on this CPU ...",
         file=out,
@@ -211,20 +208,16 @@ def run_demo(
     )
 
     # -- one run per policy ----------------------------------------------------------------------------------------
-    stat = {"latency_stat": latency_stat}
-    makers: dict[str, Any] = {"slackfit": lambda: SlackFit(prof, **stat), "mincost": lambda: MinCost(prof, **stat)}
-    makers["slackfit-adaptive"] = makers["slackfit"]
-    makers["maxacc"] = lambda: MaxAcc(prof, **stat)
-    for i in range(len(served)):
-        makers[f"fixed:{i}"] = lambda i=i: Fixed(prof, i, **stat)
     rows = []
     dynamics = None
     hogs = _start_background_load(background_load, out)
     try:
         for name in chosen:
-            model_ = LatencyModel(prof) if name == "slackfit-adaptive" else None
+            adaptive = name.endswith(ADAPTIVE)
+            policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
+            model_ = LatencyModel(prof) if adaptive else None
             row, timeline = _run_policy(
-                name, makers[name](), model, served, prof, x_test, labels, arrivals, requested, slo_s, workers, model_
+                name, policy, model, served, prof, x_test, labels, arrivals, requested, slo_s, workers, model_
             )
             rows.append(row)
             if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
@@ -312,9 +305,19 @@ def _stop_background_load(hogs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> list[str]:
+#: A policy name plus this suffix: the policy plans with an online :class:`scheduling.LatencyModel`.
+ADAPTIVE = "-adaptive"
+
+
+def _policy_names(policies: Sequence[str] | None, n: int) -> list[str]:
+    """The policy runs of the demo (``policies`` None: its default set), each a :func:`scheduling.make_policy` name,
+    ``"slackfit-adaptive"`` or ``"fixed:<i>"`` for the ``n`` served subnets."""
+    from scheduling import policy_names
+
     if policies is None:
         return ["slackfit", "slackfit-adaptive", "mincost", *(f"fixed:{i}" for i in range(n))]
+    plain = [p for p in policy_names() if ":" not in p]
+    known = {*plain, "slackfit" + ADAPTIVE, *(f"fixed:{i}" for i in range(n))}
     names: list[str] = []
     for p in policies:
         key = p.strip().lower()
@@ -323,14 +326,8 @@ def _policy_names(policies: Sequence[str] | None, n: int, known: set[str]) -> li
         elif key in known:
             names.append(key)
         else:
-            allowed = [
-                "slackfit",
-                "slackfit-adaptive",
-                "mincost",
-                "maxacc",
-                "fixed",
-                *(f"fixed:{i}" for i in range(n)),
-            ]
+            others = [p for p in plain if p != "slackfit"]
+            allowed = ["slackfit", "slackfit" + ADAPTIVE, *others, "fixed", *(f"fixed:{i}" for i in range(n))]
             raise ConfigError(f"policies contains {p!r}; allowed: {', '.join(allowed)}")
     if not names:
         raise ConfigError("policies is empty; give at least one of slackfit, mincost, maxacc, fixed, fixed:<id>")

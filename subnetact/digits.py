@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .convert import ConvertConfig
 from .errors import ConfigError
+from .plan import ConvertConfig
 from .rules import BlockSpec, ChannelSpec, register_block_rule
 
 DATA_PACKAGE = "subnetact.data"

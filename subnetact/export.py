@@ -10,9 +10,8 @@ from torch import nn
 from ._registry import ClassRegistry
 from .config import SubnetConfig
 from .errors import InvalidSubnetError
-from .operator import Operator
-from .state import Plan
-from .supernet import state_of
+from .operator import Operator, cloned_parameter
+from .state import Plan, state_of
 
 
 def export(model: nn.Module, config: SubnetConfig | Mapping[str, Sequence[float]] | None = None) -> nn.Module:
@@ -59,21 +58,18 @@ _HOOK_TABLES = tuple(
 
 def _rebuild(module: nn.Module, plan: Plan, root_class: type | None = None) -> nn.Module:
     if isinstance(module, Operator):
-        return module.export_dense(plan.entries[module._op_index], lambda child: _rebuild(child, plan))
+        return module.export_dense(plan.entries[module.op_index], lambda child: _rebuild(child, plan))
     cls = root_class or type(module)
     new = cls.__new__(cls)
     new.__dict__ = module.__dict__.copy()
-    new.__dict__.pop("_subnetact", None)
+    new.__dict__.pop("_subnetact", None)  # the root's actuation state (supernet.to_supernet): not exported
     # Own hook tables: shared ones would let a hook registered later on either model fire on both (Hugging Face
     # models register their output-capturing hooks on the first forward).
     for name in _HOOK_TABLES:
         if name in module.__dict__:
             new.__dict__[name] = copy.copy(module.__dict__[name])
     # Fresh containers (the shallow copy above shares them) and independent tensors.
-    new._parameters = {
-        name: None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-        for name, p in module._parameters.items()
-    }
+    new._parameters = {name: cloned_parameter(p) for name, p in module._parameters.items()}
     new._buffers = {name: None if b is None else b.detach().clone() for name, b in module._buffers.items()}
     new._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
     new._modules = {name: None if m is None else _rebuild(m, plan) for name, m in module._modules.items()}

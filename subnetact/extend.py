@@ -5,8 +5,10 @@
 - **Model adapters** (:func:`register_model_adapter`): a whole-model analysis returning a :class:`ConversionPlan`
   (stages, space dimensions, channel groups, the layers each slices), used instead of the default analysis.
 - **Export hooks** (:func:`register_export_hook`): fix up an exported model (e.g. give it a smaller config).
-- **Operators** (:class:`Operator`): the interface of modules whose forward reads the active plan; a plan's
-  ``custom`` entries build user-defined ones.
+- **Operators** (:class:`Operator`): the interface of modules whose forward reads the active plan.
+- **Operator kinds** (:func:`register_operator_kind`): a plan names, per module path, an :class:`OperatorEntry`
+  (kind, channel groups, options); the handler registered for the kind builds the operator. A new operator kind is
+  one handler and one registration; ``convert`` does not change. A plan's ``custom`` entries are one-off factories.
 - **Norm-with-activation classes** (:data:`NORM_ACT_CLASSES`): BatchNorm2d subclasses that are BatchNorm2d followed
   by ``drop`` / ``act`` modules, which :class:`SubnetNorm` can stand in for; :data:`LAYER_NORM_CLASSES`: LayerNorm
   subclasses computing ``F.layer_norm``, which :class:`SubnetLayerNorm` can stand in for.
@@ -29,15 +31,16 @@ from .attention import (
     SubnetMultiheadAttention,
     register_packed_attention,
 )
-from .convert import ConversionPlan, ConvertConfig, StagePlan, active_size, register_model_adapter
 from .export import register_export_hook
+from .handlers import OperatorEntry, OperatorHandler, register_operator_kind, registered_kinds
 from .head_count import HeadCount
 from .layer_select import EVERY_OTHER, PREFIX, LayerSelect, LayerSelectList
 from .operator import Operator
+from .plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from .rules import BlockSpec, ChannelSpec, register_block_rule, unregister_block_rule
 from .slimmable_norm import LAYER_NORM_CLASSES, SubnetGroupNorm, SubnetLayerNorm
 from .space import Entry, Space
-from .state import ActuationState, ChannelGroup, Plan
+from .state import ActuationState, ChannelGroup, Plan, active_size, width_sizes
 from .subnet_norm import SubnetNorm
 from .supernet import state_of
 from .trace import NORM_ACT_CLASSES
@@ -60,6 +63,8 @@ __all__ = [
     "LayerSelectList",
     "NarrowMultiheadAttention",
     "Operator",
+    "OperatorEntry",
+    "OperatorHandler",
     "PackedAttention",
     "PackedSliceLinear",
     "Plan",
@@ -76,7 +81,10 @@ __all__ = [
     "register_block_rule",
     "register_export_hook",
     "register_model_adapter",
+    "register_operator_kind",
     "register_packed_attention",
+    "registered_kinds",
     "state_of",
     "unregister_block_rule",
+    "width_sizes",
 ]

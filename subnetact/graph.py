@@ -1,4 +1,4 @@
-"""The default analysis of :func:`subnetact.convert`: a :class:`~subnetact.convert.ConversionPlan` from one traced
+"""The default analysis of :func:`subnetact.convert`: a :class:`~subnetact.plan.ConversionPlan` from one traced
 forward (see :mod:`subnetact.trace`), for models no rule or adapter knows.
 
 - **Width**: every channel group the trace left unfrozen becomes elastic. Groups are named after the module that owns
@@ -12,37 +12,19 @@ forward (see :mod:`subnetact.trace`), for models no rule or adapter knows.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from torch import nn
 
 from .attention import head_layout
-from .state import ChannelGroup
+from .handlers import OperatorEntry
+from .layer_select import PREFIX
+from .plan import ConversionPlan, StagePlan, depth_choices
+from .space import Entry
+from .state import ChannelGroup, width_sizes
 from .trace import ChannelTrace, is_residual
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
-
-
-def group_sizes(full: int, unit: int, choices: Iterable[float]) -> tuple[tuple[float, int], ...]:
-    """Channels a group of ``full`` channels (in whole units) runs at each width: ``unit * ceil(w * full / unit)``."""
-    units = full // unit
-    # The 1e-9 keeps e.g. ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
-    return tuple((w, unit * max(1, math.ceil(w * units - 1e-9))) for w in choices)
-
-
-@dataclass
-class GraphPlan:
-    """What the trace makes elastic, before it is merged with rule-based stages (see ``convert``)."""
-
-    stages: list[tuple[str, int, int, int]]  # (sequential path, first position, end position, number of blocks)
-    width_names: list[str]
-    groups: list[ChannelGroup]
-    slices: dict[str, tuple[int | None, int | None]]
-    norms: dict[str, int | None]
-    blocked: list[str]  # why groups were left at full width, most channels first
-    heads: dict[str, int] = field(default_factory=dict)  # attention path -> its heads channel group
 
 
 def analyse_trace(
@@ -50,12 +32,16 @@ def analyse_trace(
     trace: ChannelTrace,
     width_choices: tuple[float, ...],
     *,
+    min_depth: int = 1,
     covered: Callable[[str], bool] = lambda path: False,
     filter_fn: Callable[[nn.Module, str], bool] | None = None,
-) -> GraphPlan:
-    """Turn a trace into stages, channel groups and the layers each slices.
+) -> ConversionPlan:
+    """Turn a trace into a plan: stages, channel groups and the operator each layer becomes.
+
+    ``blocked`` of the plan says why groups were left at full width, most channels first.
 
     Args:
+        min_depth: smallest depth of a stage (clamped to its length).
         covered: ``path -> bool``: layers and Sequentials another analysis (block rules) already handles; groups
             touching them and stages at them are left out.
         filter_fn: ``(module, path) -> bool`` on each candidate stage Sequential and each group's owner; rejected
@@ -102,11 +88,12 @@ def analyse_trace(
         if name not in width_names:
             width_names.append(name)
         index[root] = len(groups)
-        sizes = group_sizes(uf.size[root], uf.unit[root], width_choices)
+        sizes = width_sizes(uf.size[root], width_choices, uf.unit[root])
         groups.append(ChannelGroup("width", width_names.index(name), uf.size[root], sizes))
 
     slices: dict[str, tuple[int | None, int | None]] = {}
     norms: dict[str, int | None] = {}
+    operators: dict[str, OperatorEntry] = {}
     for path, use in trace.layers.items():
         out = index.get(uf.find(use.outs[0])) if use.outs else None
         inp = index.get(uf.find(use.ins[0])) if use.ins else None
@@ -114,12 +101,11 @@ def analyse_trace(
             norms[path] = inp
         elif use.kind in ("layernorm", "groupnorm"):
             if inp is not None:  # a LayerNorm / GroupNorm of a full-width dimension stays a plain module
-                norms[path] = inp
+                operators[path] = OperatorEntry("slimmable_norm", (inp,))
         elif out is not None or inp is not None:
             slices[path] = (out, inp)
 
     # Attention heads: each attention's heads are one group of whole heads, its own width entry.
-    heads: dict[str, int] = {}
     for path in trace.attentions:
         if covered(path):
             continue
@@ -133,13 +119,24 @@ def analyse_trace(
             continue
         n_heads, head_dim = layout
         width_names.append(path)
-        heads[path] = len(groups)
-        sizes = group_sizes(n_heads * head_dim, head_dim, width_choices)
+        operators[path] = OperatorEntry("attention", (len(groups),))
+        sizes = width_sizes(n_heads * head_dim, width_choices, head_dim)
         groups.append(ChannelGroup("width", len(width_names) - 1, n_heads * head_dim, sizes))
 
-    stages = _stages(model, trace, modules, covered, filter_fn)
+    stages, depth = [], []
+    for path, start, end in _stages(model, trace, modules, covered, filter_fn):
+        whole = start == 0 and end == len(modules[path]._modules)
+        stages.append(StagePlan(path, PREFIX, start, end))
+        depth.append(Entry(path if whole else f"{path}[{start}:{end}]", depth_choices(end - start, min_depth)))
+    dims = {}
+    if depth:
+        dims["depth"] = depth
+    if width_names:
+        dims["width"] = [Entry(name, width_choices) for name in width_names]
     blocked.sort(key=lambda item: -item[0])
-    return GraphPlan(stages, width_names, groups, slices, norms, [text for _, text in blocked], heads)
+    return ConversionPlan(
+        stages, dims, groups, slices, norms, operators=operators, blocked=[text for _, text in blocked]
+    )
 
 
 def _owner(paths: list[str], modules: dict[str, nn.Module]) -> str:
@@ -163,7 +160,8 @@ def _stages(
     modules: dict[str, nn.Module],
     covered: Callable[[str], bool],
     filter_fn: Callable[[nn.Module, str], bool] | None,
-) -> list[tuple[str, int, int, int]]:
+) -> list[tuple[str, int, int]]:
+    """``(Sequential path, first position, end position)`` of each run of skippable blocks."""
     skippable = {
         call.path
         for call in trace.calls
@@ -199,6 +197,6 @@ def _stages(
                 j += 1
             start = i - 1 if i > 0 else i
             if j - start >= 2:
-                stages.append((path, start, j, j - start))
+                stages.append((path, start, j))
             i = j
     return stages

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from torch import nn
 
 from .config import SubnetConfig
-from .operator import Operator, shallow_copy_as
+from .operator import Operator, cloned_parameter, shallow_copy_as
 
 
 class HeadCount(Operator):
@@ -62,10 +62,7 @@ class HeadCount(Operator):
         for name in ("group", "head_size", "heads_attr", "all_head_size_attr", "_op_index", "_subnetact_state"):
             new.__dict__.pop(name, None)
         if self._parameters or self._buffers:  # DeBERTa's attention holds none; keep export independent anyway
-            new._parameters = {
-                n: None if p is None else nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
-                for n, p in self._parameters.items()
-            }
+            new._parameters = {n: cloned_parameter(p) for n, p in self._parameters.items()}
             new._buffers = {n: None if b is None else b.detach().clone() for n, b in self._buffers.items()}
         return new
 

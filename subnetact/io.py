@@ -24,6 +24,7 @@ from .config import SubnetConfig
 from .errors import ArgumentTypeError, CheckpointError, ConfigError
 from .space import Space
 from .supernet import SupernetMixin, state_of
+from .tree import map_tensors
 from .weight_cache import check_budget_mb
 
 FORMAT = "subnetact"
@@ -197,7 +198,7 @@ def load(
         elif saved.weight_cache_bytes is None:
             model.set_weight_cache(None)
         else:
-            model._subnetact.weight_cache.set_budget(saved.weight_cache_bytes)  # exact bytes, no MB round trip
+            state_of(model).weight_cache.set_budget(saved.weight_cache_bytes)  # exact bytes, no MB round trip
     except BaseException as exc:
         if converted_here and isinstance(model, SupernetMixin):
             unconvert(model)
@@ -214,7 +215,7 @@ def _convert_fresh(model: nn.Module, saved: _SavedHeader, example_inputs: Any, w
 
     if example_inputs is None and saved.example_inputs is not None:
         device = next((p.device for p in model.parameters()), torch.device("cpu"))
-        example_inputs = _map_tensors(saved.example_inputs, lambda t: t.to(device))
+        example_inputs = map_tensors(lambda t: t.to(device), saved.example_inputs)
     try:
         convert(model, saved.convert_config, example_inputs=example_inputs)
     except UnsupportedModelError as exc:
@@ -280,16 +281,6 @@ def _decode_example(encoded: Any, tensors: dict[str, torch.Tensor]) -> Any:
     raise CheckpointError(f"example_inputs has an entry {encoded!r} this subnetact cannot read")
 
 
-def _map_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return fn(obj)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_map_tensors(item, fn) for item in obj)
-    if isinstance(obj, dict):
-        return {key: _map_tensors(item, fn) for key, item in obj.items()}
-    return obj
-
-
 @dataclass(frozen=True)
 class _SavedHeader:
     """A checkpoint's header, parsed and type-checked before the model is touched."""
@@ -304,7 +295,7 @@ class _SavedHeader:
 
 
 def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeader:
-    from .convert import ConvertConfig
+    from .plan import ConvertConfig
 
     options = header["convert_config"]
     if not isinstance(options, dict):
@@ -337,7 +328,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
 
 
 def _load_validated(model: nn.Module, tensors: dict, saved: _SavedHeader, where: str) -> None:
-    state = model._subnetact
+    state = state_of(model)
     space = saved.space
     if space != state.space:
         raise CheckpointError(

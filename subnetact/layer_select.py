@@ -8,6 +8,7 @@ from torch import nn
 
 from .config import SubnetConfig
 from .errors import ConfigError
+from .handlers import OperatorEntry, register_operator_kind
 from .operator import Operator
 
 PREFIX = "prefix"
@@ -171,3 +172,11 @@ class LayerSelectList(_StageSelect, nn.ModuleList):
 
     # ModuleList's repr iterates ``self`` (the active blocks only); show every block, as ``state_dict`` does.
     __repr__ = nn.Module.__repr__
+
+
+@register_operator_kind("layer_select")
+def select_layers(stage: nn.Module, entry: OperatorEntry) -> LayerSelect | LayerSelectList:
+    """Handler of kind ``"layer_select"``: a stage (``nn.Sequential``, or an ``nn.ModuleList`` its owner loops over)
+    keeping blocks by the rule in ``entry.options``."""
+    cls = LayerSelectList if isinstance(stage, nn.ModuleList) else LayerSelect
+    return cls.from_module(stage, entry.options)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
+from .handlers import OperatorEntry, register_operator_kind
 from .operator import Operator, cloned_parameter, shallow_copy_as
 
 #: nn.LayerNorm subclasses whose forward is ``F.layer_norm`` over their one normalised dimension (by qualified name,
@@ -135,7 +136,10 @@ class SubnetGroupNorm(_SlicedAffineNorm, nn.GroupNorm):
         dense.num_channels = k
 
 
-def slimmable_norm(module: nn.Module, group: int) -> nn.Module:
-    """The operator for a LayerNorm / GroupNorm reading channel group ``group``."""
+@register_operator_kind("slimmable_norm")
+def slimmable_norm(module: nn.Module, entry: OperatorEntry) -> nn.Module:
+    """Handler of kind ``"slimmable_norm"``: the operator for a LayerNorm / GroupNorm reading channel group
+    ``entry.groups[0]``."""
+    (group,) = entry.groups
     cls = SubnetGroupNorm if isinstance(module, nn.GroupNorm) else SubnetLayerNorm
     return cls.from_module(module, group)

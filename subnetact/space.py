@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .config import SubnetConfig, Value, _as_value
+from .config import SubnetConfig, Value, as_value
 from .errors import InvalidSubnetError
 
 _LINKS_KEY = "__links__"  # in to_dict(): not a dimension name
@@ -39,7 +39,7 @@ class Entry:
                 f"entry {self.name!r} needs a non-empty sequence of choices, got {self.choices!r}"
             )
         # Finite ints or floats only (numpy scalars become Python numbers): a NaN or a string choice could never match.
-        object.__setattr__(self, "choices", tuple(_as_value(self.name, i, c) for i, c in enumerate(self.choices)))
+        object.__setattr__(self, "choices", tuple(as_value(self.name, i, c) for i, c in enumerate(self.choices)))
         if len(set(self.choices)) != len(self.choices):
             raise InvalidSubnetError(f"entry {self.name!r} has duplicate choices {self.choices!r}")
 

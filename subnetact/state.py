@@ -18,21 +18,37 @@ pinned (registered) plans.
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .config import SubnetConfig
-from .errors import InvalidSubnetError, UncalibratedSubnetWarning
+from .errors import InvalidSubnetError, NotConvertedError, UncalibratedSubnetWarning
 from .space import Space
 from .weight_cache import WeightCache, default_budget_bytes
 
 # Plans for configs that are not registered are cached in an LRU of this size (registered ones are pinned).
 PLAN_CACHE_SIZE = 1024
+
+
+def active_size(width: float, full: int, unit: int = 1) -> int:
+    """Channels a group of ``full`` channels in whole units of ``unit`` runs at ``width``: ``unit * ceil(width *
+    full / unit)``, at least one unit. The one definition of the width rounding (the trace, block rules, the Hugging
+    Face adapter and its verification all use it, so an export and the supernet never disagree by a channel)."""
+    units = full // unit
+    # The 1e-9 keeps e.g. ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
+    return unit * max(1, math.ceil(width * units - 1e-9))
+
+
+def width_sizes(full: int, choices: Iterable[float], unit: int = 1) -> tuple[tuple[float, int], ...]:
+    """``ChannelGroup.sizes`` of a group of ``full`` channels: ``(w, active_size(w, full, unit))`` per choice."""
+    return tuple((w, active_size(w, full, unit)) for w in choices)
 
 
 @dataclass(frozen=True)
@@ -82,7 +98,7 @@ class ActuationState:
 
     def __init__(self, space: Space, ops: list, groups: list[ChannelGroup], convert_config: Any) -> None:
         self.space = space
-        self.ops = ops  # every operator, indexed by its ``_op_index``
+        self.ops = ops  # every operator, indexed by its ``op_index``
         self.groups = groups
         self.convert_config = convert_config
         # The example_inputs convert was given, as a call ``(args, kwargs)`` of detached CPU copies (None: convert
@@ -164,7 +180,7 @@ class ActuationState:
         cfg = plan.config
         if plan.calibrated or cfg == self.max_config or cfg in self._warned:
             return
-        if not any(getattr(op, "is_subnet_norm", False) for op in self.ops):
+        if not any(op.is_subnet_norm for op in self.ops):
             return
         with self._lock:
             self._warned[cfg] = None
@@ -186,10 +202,10 @@ class ActuationState:
         """Which operators run for ``cfg`` (operators inside skipped blocks do not)."""
         active = [True] * len(self.ops)
         for op in self.ops:
-            kept = getattr(op, "kept_positions", None)
+            kept = op.kept_positions(cfg)
             if kept is None:
                 continue
-            keep = set(kept(cfg))
+            keep = set(kept)
             # An operator held at a kept and at a skipped position (a block object used twice) still runs.
             running = {i for pos in keep for i in op.member_ops[pos]}
             for pos, members in enumerate(op.member_ops):
@@ -207,9 +223,7 @@ class ActuationState:
         sizes = self.group_sizes(cfg)
         active = self.active_ops(cfg)
         return [
-            (op._op_index, op.active_channels(sizes))
-            for op in self.ops
-            if getattr(op, "is_subnet_norm", False) and active[op._op_index]
+            (op.op_index, op.active_channels(sizes)) for op in self.ops if op.is_subnet_norm and active[op.op_index]
         ]
 
     @torch.no_grad()
@@ -267,3 +281,23 @@ class ActuationState:
 
     def __getstate__(self) -> dict:
         raise TypeError("a converted model cannot be pickled; use subnetact.save(model, path) / subnetact.load")
+
+
+def converted_state(model: object) -> ActuationState | None:
+    """The actuation state of a model converted by :func:`subnetact.convert`, else None."""
+    state = getattr(model, "__dict__", {}).get("_subnetact")  # set on the root by ``supernet.to_supernet``
+    return state if isinstance(state, ActuationState) else None
+
+
+def state_of(model: object) -> ActuationState:
+    """The actuation state of a converted model.
+
+    Raises:
+        NotConvertedError: (a ``TypeError``) ``model`` was not converted by :func:`subnetact.convert`.
+    """
+    state = converted_state(model)
+    if state is None:
+        raise NotConvertedError(
+            f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)"
+        )
+    return state

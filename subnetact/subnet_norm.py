@@ -9,7 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
-from .operator import Operator
+from .handlers import OperatorEntry, register_operator_kind
+from .operator import Operator, cloned_parameter
+from .slimmable_norm import slimmable_norm
 
 
 class SubnetNorm(Operator, nn.BatchNorm2d):
@@ -129,8 +131,8 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
         k, weight, bias, mean, var = entry
         dense = self._plain(k)
         if self.affine:
-            dense.weight = nn.Parameter(self.weight[:k].detach().clone(), requires_grad=self.weight.requires_grad)
-            dense.bias = nn.Parameter(self.bias[:k].detach().clone(), requires_grad=self.bias.requires_grad)
+            dense.weight = cloned_parameter(self.weight[:k], self.weight.requires_grad)
+            dense.bias = cloned_parameter(self.bias[:k], self.bias.requires_grad)
         if self.track_running_stats:
             dense.running_mean = mean.detach().clone()
             dense.running_var = var.detach().clone()
@@ -152,3 +154,13 @@ class SubnetNorm(Operator, nn.BatchNorm2d):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, group={self.group}"
+
+
+@register_operator_kind("norm")
+def norm_layer(norm: nn.Module, entry: OperatorEntry) -> nn.Module:
+    """Handler of kind ``"norm"``: a BatchNorm becomes a :class:`SubnetNorm` (group None: unsliced, still
+    calibrated per subnet); a LayerNorm / GroupNorm a slimmable norm (kind ``"slimmable_norm"``)."""
+    (group,) = entry.groups
+    if isinstance(norm, (nn.LayerNorm, nn.GroupNorm)):
+        return slimmable_norm(norm, entry)
+    return SubnetNorm.from_module(norm, group)

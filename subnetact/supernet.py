@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import ArgumentTypeError, InvalidSubnetError, NotConvertedError
+from .errors import ArgumentTypeError, InvalidSubnetError
 from .space import Space
-from .state import ActuationState
+from .state import ActuationState, state_of  # noqa: F401  (state_of: kept importable from here)
 from .weight_cache import WeightCacheInfo, check_budget_mb, default_budget_bytes
 
 _CLASS_CACHE: dict[type, type] = {}
@@ -268,17 +268,19 @@ def _keyword_key(active: SubnetConfig, keywords: dict[str, Any]) -> tuple | None
     return key
 
 
-def state_of(model: nn.Module) -> ActuationState:
-    """The actuation state of a converted model.
+def to_supernet(model: nn.Module, state: ActuationState) -> None:
+    """Make ``model``'s root a supernet root: its class becomes :func:`supernet_class` of its class, holding
+    ``state`` (what :func:`~subnetact.state.state_of` returns)."""
+    model.__class__ = supernet_class(type(model))
+    model._subnetact = state
 
-    Raises:
-        NotConvertedError: (a ``TypeError``) ``model`` was not converted by :func:`subnetact.convert`.
-    """
-    if not isinstance(model, SupernetMixin):
-        raise NotConvertedError(
-            f"model of type {type(model).__name__} is not a converted supernet (see subnetact.convert)"
-        )
-    return model._subnetact
+
+def from_supernet(model: nn.Module) -> None:
+    """Undo :func:`to_supernet` (a no-op on a model it was not applied to): the root's original class, no state."""
+    base = getattr(type(model), "_subnetact_base", None)
+    if base is not None and isinstance(model, SupernetMixin):
+        model.__class__ = base
+    model.__dict__.pop("_subnetact", None)
 
 
 def supernet_class(base: type) -> type:

@@ -21,7 +21,6 @@ sizes, paths and value ids.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +30,7 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode, _pop_
 
 from .attention import is_attention
 from .slimmable_norm import is_group_norm, is_layer_norm
+from .tree import iter_tensors
 
 # -- operation tables (by ``func.__name__``) -------------------------------------------------------------------------
 _UNARY = frozenset(
@@ -51,21 +51,6 @@ _REDUCE = frozenset("mean sum amax amin std var".split())
 _RESHAPE = frozenset("flatten view reshape squeeze unsqueeze".split())
 _ALONG_DIM = frozenset("softmax log_softmax".split())
 _SHAPE_QUERIES = frozenset("size dim numel __get__ is_contiguous __len__ stride data_ptr element_size".split())
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside nested tuples / lists / dicts / dataclass-like outputs."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            yield from _tensors(item)
-    elif hasattr(obj, "__dataclass_fields__"):
-        for name in obj.__dataclass_fields__:
-            yield from _tensors(getattr(obj, name, None))
 
 
 class _Groups:
@@ -249,7 +234,7 @@ class _Recorder(TorchFunctionMode):
             self._leaf_depth += 1
             self._stack.append((module, None))
             return
-        tensors = list(_tensors((args, kwargs)))
+        tensors = list(iter_tensors((args, kwargs)))
         call = ModuleCall(path, [self.key(t) for t in tensors], None, len(self.producers))
         self.calls.append(call)
         self._stack.append((module, call))
@@ -260,10 +245,10 @@ class _Recorder(TorchFunctionMode):
             self._leaf_depth -= 1
             if self._leaf_depth == 0:
                 self.mode_on()
-                self.leaf(module, list(_tensors((args, kwargs))), output)
+                self.leaf(module, list(iter_tensors((args, kwargs))), output)
             return
-        outs = list(_tensors(output))
-        ins = list(_tensors((args, kwargs)))
+        outs = list(iter_tensors(output))
+        ins = list(iter_tensors((args, kwargs)))
         call.output = self.key(outs[0]) if len(outs) == 1 else None
         call.last_value = len(self.producers)
         call.same_shape = len(ins) == 1 and len(outs) == 1 and ins[0].shape == outs[0].shape
@@ -282,7 +267,7 @@ class _Recorder(TorchFunctionMode):
     def leaf(self, module: nn.Module, inputs: list[torch.Tensor], output: Any) -> None:
         path = self.paths.get(id(module), "?")
         kind = sliceable_kind(module)
-        outs = list(_tensors(output))
+        outs = list(iter_tensors(output))
         in_keys = tuple(self.key(t) for t in inputs)
         if is_attention(module):
             # Its heads are its own channel group (subnetact.attention); it reads and writes the stream whole.
@@ -358,10 +343,10 @@ class _Recorder(TorchFunctionMode):
         return out
 
     def function(self, name: str, args: tuple, kwargs: dict, out: Any) -> None:
-        outs = list(_tensors(out))
+        outs = list(iter_tensors(out))
         if not outs:
             return
-        inputs = list(_tensors((args, kwargs)))
+        inputs = list(iter_tensors((args, kwargs)))
         in_keys = tuple(self.key(t) for t in inputs)
         where = f"{name} at {self.where!r}"
         first = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -530,7 +515,7 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
     finally:
         for h in handles:
             h.remove()
-    for t in _tensors(output):
+    for t in iter_tensors(output):
         for g in recorder.dims(t):
             if g is not None:
                 recorder.groups.freeze(g, "they reach the model's output")

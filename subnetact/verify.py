@@ -15,7 +15,9 @@ import torch
 from torch import nn
 
 from .errors import ConfigError, UnsupportedModelError
-from .trace import ChannelTrace, _tensors, trace_channels
+from .state import state_of
+from .trace import ChannelTrace, trace_channels
+from .tree import iter_tensors, map_tensors
 
 # Square image sizes tried, smallest first, when the model does not say which it takes: a small forward keeps
 # convert fast; bigger ones serve models that pool down to fixed sizes (Inception needs >= 75 pixels).
@@ -59,13 +61,7 @@ def one_thread() -> Iterator[None]:
 
 def detached_copy(obj: Any) -> Any:
     """``obj`` with every tensor inside nested tuples / lists / dicts replaced by a detached CPU copy."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(detached_copy(item) for item in obj)
-    if isinstance(obj, dict):
-        return {key: detached_copy(item) for key, item in obj.items()}
-    return obj
+    return map_tensors(lambda t: t.detach().to("cpu", copy=True), obj)
 
 
 def example_call(example_inputs: Any) -> Call:
@@ -168,12 +164,12 @@ def plain_output(model: nn.Module, call: Call) -> Any:
 
 def same_output(a: Any, b: Any) -> bool:
     """Whether two outputs hold the same tensors (shapes and values, bit for bit)."""
-    ta, tb = list(_tensors(a)), list(_tensors(b))
+    ta, tb = list(iter_tensors(a)), list(iter_tensors(b))
     return len(ta) == len(tb) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(ta, tb))
 
 
 def _shapes(out: Any) -> list[tuple[int, ...]]:
-    return [tuple(t.shape) for t in _tensors(out)]
+    return [tuple(t.shape) for t in iter_tensors(out)]
 
 
 def check_largest(model: nn.Module, largest: Any, reference: Any) -> None:
@@ -186,7 +182,7 @@ def check_largest(model: nn.Module, largest: Any, reference: Any) -> None:
         return
     diffs = [
         (x.double() - y.double()).abs().max().item()
-        for x, y in zip(_tensors(largest), _tensors(reference))
+        for x, y in zip(iter_tensors(largest), iter_tensors(reference))
         if x.shape == y.shape
     ]
     raise UnsupportedModelError(
@@ -203,7 +199,7 @@ def check_smallest(model: nn.Module, call: Call, reference: Any) -> None:
         UnsupportedModelError: the smallest subnet fails (the message names the module that was running) or
             changes an output shape.
     """
-    state = model._subnetact
+    state = state_of(model)
     args, kwargs = call
     running: list[str] = []
     paths = {id(m): name for name, m in model.named_modules()}

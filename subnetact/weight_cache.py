@@ -80,7 +80,7 @@ class WeightCacheInfo:
 class WeightCache:
     """Per-model cache of contiguous weight slices. See the module docstring.
 
-    The copies live on the operators (``op._weight_copies``: ``(k_out, k_in) -> (tensor, version, data_ptr)``) so a
+    The copies live on the operators (``op.weight_copies``: ``(k_out, k_in) -> (tensor, version, data_ptr)``) so a
     forward finds its copy with one dict lookup; this object keeps the budget, the recency order of admitted
     subnets, their recent run counts and which subnets use which copy.
     """
@@ -133,12 +133,10 @@ class WeightCache:
             return memo[1]
         wanted = []
         for op, entry in zip(self.ops, plan.entries):
-            slice_ = (
-                None if entry is None else getattr(op, "cacheable_slice", lambda e, p: None)(entry, self.pointwise)
-            )
+            slice_ = None if entry is None else op.cacheable_slice(entry, self.pointwise)
             if slice_ is not None:
                 key, view = slice_
-                wanted.append(((op._op_index, *key), view, view.numel() * view.element_size()))
+                wanted.append(((op.op_index, *key), view, view.numel() * view.element_size()))
         # Smallest first: under a tight budget this covers the most layers; the largest slices (a late stage's 3x3
         # convolution) are the ones whose view costs least relative to their size.
         wanted.sort(key=lambda w: w[2])
@@ -165,7 +163,7 @@ class WeightCache:
         return None
 
     def _size(self, key: tuple[int, int, int]) -> int:
-        copy = self.ops[key[0]]._weight_copies[key[1:]][0]
+        copy = self.ops[key[0]].weight_copies[key[1:]][0]
         return copy.numel() * copy.element_size()
 
     @torch.no_grad()
@@ -195,7 +193,7 @@ class WeightCache:
             self._evict(victim)
         for key, view, size in new:
             op = self.ops[key[0]]
-            op._weight_copies[key[1:]] = (view.contiguous(), op.weight._version, op.weight.data_ptr())
+            op.weight_copies[key[1:]] = (view.contiguous(), op.weight._version, op.weight.data_ptr())
             self._users[key] = {cfg}
             self.used_bytes += size
             self.copied_bytes += size
@@ -207,15 +205,15 @@ class WeightCache:
             users.discard(cfg)
             if not users:
                 del self._users[key]
-                copy, *_ = self.ops[key[0]]._weight_copies.pop(key[1:])
+                copy, *_ = self.ops[key[0]].weight_copies.pop(key[1:])
                 self.used_bytes -= copy.numel() * copy.element_size()
 
     def refresh(self, op, k_out: int, k_in: int, view: torch.Tensor) -> torch.Tensor:
         """The copy of ``op``'s slice after its weight changed in place: copied again (same size, same budget)."""
         copy = view.contiguous()
         with self._lock:
-            if (k_out, k_in) in op._weight_copies:  # not evicted meanwhile
-                op._weight_copies[(k_out, k_in)] = (copy, op.weight._version, op.weight.data_ptr())
+            if (k_out, k_in) in op.weight_copies:  # not evicted meanwhile
+                op.weight_copies[(k_out, k_in)] = (copy, op.weight._version, op.weight.data_ptr())
         return copy
 
     # -- management ----------------------------------------------------------------------------------------------
@@ -223,8 +221,8 @@ class WeightCache:
         """Drop every copy (after tensors moved, weights were loaded or statistics changed)."""
         with self._lock:
             for op in self.ops:
-                if getattr(op, "_weight_copies", None):
-                    op._weight_copies = {}
+                if op.weight_copies:
+                    op.weight_copies = {}
             self._admitted.clear()
             self._users.clear()
             self._tick, self._last_run, self._wanted_memo = 0, {}, {}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import SubnetConfig
 from .errors import ConfigError
-from .operator import Operator
+from .handlers import OperatorEntry, register_operator_kind
+from .operator import Operator, cloned_parameter
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -61,6 +64,20 @@ def _unfold_conv(
     return y.view(n, out_h * out_w, k_out).transpose(1, 2).contiguous().view(n, k_out, out_h, out_w)
 
 
+class ConvEntry(NamedTuple):
+    """The plan entry of a :class:`WeightSliceConv2d` for one subnet (a tuple: ``forward`` unpacks it at tuple
+    speed; other readers use the names)."""
+
+    out_k: int
+    in_k: int
+    groups: int  # the sliced convolution's groups (whole groups kept)
+    weight: torch.Tensor  # (k_out, k_in / groups, kh, kw) view of the shared weight; (k_out, k_in) when ``gemm``
+    bias: torch.Tensor | None  # (k_out,)
+    gemm: bool  # a strided 1x1 slice run as one GEMM reading the weight in place
+    unfold_weight: torch.Tensor | None  # (k_out, k_in * kh * kw) view for the unfold + GEMM path, else None
+    kernel: tuple | None  # (op, in_per_group, stride, padding, dilation, groups) of the CUDA kernel, else None
+
+
 class WeightSlice(Operator):
     """Mixin of the weight-slicing layers. ``out_group`` / ``in_group`` index the model's channel groups (None: the
     dimension is not elastic). The parameters are the original layer's Parameters (same tensors, same storage);
@@ -77,7 +94,7 @@ class WeightSlice(Operator):
         self.training = base.training
         # (k_out, k_in) -> (contiguous copy of the slice, weight version, weight data_ptr); filled and emptied by the
         # model's WeightCache (registered subnets only, within its budget).
-        self._weight_copies: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
+        self.weight_copies: dict[tuple[int, int], tuple[torch.Tensor, int, int]] = {}
 
     def _out_in(self, sizes: list[int]) -> tuple[int, int]:
         out_k = self.weight.shape[0] if self.out_group is None else sizes[self.out_group]
@@ -136,7 +153,7 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
         bias = None if self.bias is None else self.bias[:out_k]
         return weight, bias, groups
 
-    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> tuple:
+    def plan_entry(self, cfg: SubnetConfig, sizes: list[int], stats: object) -> ConvEntry:
         out_k, in_k = self._out_in(sizes)
         weight, bias, groups = self._slice(out_k, in_k)
         gemm = (
@@ -171,19 +188,19 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
             if op is not None:  # sliced implicit-GEMM conv reading W[:k_out, :k_in] in place; bias in its epilogue
                 padding = [0, 0] if self.padding == "valid" else list(self.padding)
                 kernel = (op, weight.shape[1], list(self.stride), padding, list(self.dilation), groups)
-        return (out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
+        return ConvEntry(out_k, in_k, groups, weight, bias, gemm, unfold_weight, kernel)
 
-    def cacheable_slice(self, entry: tuple, pointwise: bool = True) -> tuple[tuple[int, int], torch.Tensor] | None:
+    def cacheable_slice(self, entry: ConvEntry, pointwise: bool = True) -> tuple[tuple[int, int], torch.Tensor] | None:
         """``((k_out, k_in), view)`` when ``entry`` runs on a strided weight view (``F.conv2d`` copies it every call;
         a 1x1 convolution's GEMM reads it in place, but oneDNN's convolution on a copy of a large one is faster at
         two threads: 1x1 slices from ``POINTWISE_MIN_ELEMENTS`` on, none with ``pointwise=False``), else None.
         Used by :class:`~subnetact.weight_cache.WeightCache`."""
-        out_k, in_k, _, weight, _, gemm, _, kernel = entry
+        out_k, in_k, weight = entry.out_k, entry.in_k, entry.weight
         # CPU only: measured there (issue 16), and a CUDA graph captured on a copy would read freed memory once the
         # copy is evicted.
-        if kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
+        if entry.kernel is not None or weight.is_contiguous() or weight.device.type != "cpu":
             return None
-        if gemm:
+        if entry.gemm:
             if not pointwise or weight.numel() < POINTWISE_MIN_ELEMENTS:
                 return None
             weight = self.weight[:out_k, :in_k]  # the (k_out, k_in, 1, 1) slice the convolution gets
@@ -204,8 +221,8 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
             unfold_weight = None
             if gemm:
                 weight = weight[:, :, 0, 0]
-        elif self._weight_copies and not self.training:
-            copy = self._weight_copies.get((out_k, in_k))
+        elif self.weight_copies and not self.training:
+            copy = self.weight_copies.get((out_k, in_k))
             if copy is not None:
                 unfold_weight = None
                 # The copy stands for the weight as it was when copied: re-copy if it changed in place since.
@@ -240,9 +257,9 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
             return F.conv2d(x, weight, bias, self.stride, 0, self.dilation, groups)
         return F.conv2d(x, weight, bias, self.stride, self.padding, self.dilation, groups)
 
-    def to_dense(self, entry: tuple) -> nn.Conv2d:
-        out_k, in_k, groups, *_ = entry
-        weight, bias, groups = self._slice(out_k, in_k)
+    def to_dense(self, entry: ConvEntry) -> nn.Conv2d:
+        out_k = entry.out_k
+        weight, bias, groups = self._slice(out_k, entry.in_k)
         with torch.device("meta"):
             dense = nn.Conv2d(
                 weight.shape[1] * groups,
@@ -255,9 +272,9 @@ class WeightSliceConv2d(WeightSlice, nn.Conv2d):
                 bias=bias is not None,
                 padding_mode=self.padding_mode,
             )
-        dense.weight = nn.Parameter(weight.detach().clone(), requires_grad=self.weight.requires_grad)
+        dense.weight = cloned_parameter(weight, self.weight.requires_grad)
         if bias is not None:
-            dense.bias = nn.Parameter(bias.detach().clone(), requires_grad=self.bias.requires_grad)
+            dense.bias = cloned_parameter(bias, self.bias.requires_grad)
         dense.training = self.training
         return dense
 
@@ -318,9 +335,9 @@ class WeightSliceLinear(WeightSlice, nn.Linear):
         weight, bias = self._slice(out_k, in_k)
         with torch.device("meta"):
             dense = nn.Linear(in_k, out_k, bias=bias is not None)
-        dense.weight = nn.Parameter(weight.detach().clone(), requires_grad=self.weight.requires_grad)
+        dense.weight = cloned_parameter(weight, self.weight.requires_grad)
         if bias is not None:
-            dense.bias = nn.Parameter(bias.detach().clone(), requires_grad=self.bias.requires_grad)
+            dense.bias = cloned_parameter(bias, self.bias.requires_grad)
         dense.training = self.training
         return dense
 
@@ -332,3 +349,11 @@ class WeightSliceLinear(WeightSlice, nn.Linear):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, out_group={self.out_group}, in_group={self.in_group}"
+
+
+@register_operator_kind("slice")
+def slice_layer(layer: nn.Module, entry: OperatorEntry) -> WeightSlice:
+    """Handler of kind ``"slice"``: an ``nn.Conv2d`` / ``nn.Linear`` slicing groups ``(out_group, in_group)``."""
+    out_group, in_group = entry.groups
+    cls = WeightSliceConv2d if isinstance(layer, nn.Conv2d) else WeightSliceLinear
+    return cls.from_module(layer, out_group, in_group)

@@ -40,7 +40,7 @@ def reference(model, cfg, x):
 
 
 def copies(model) -> list[torch.Tensor]:
-    return [c[0] for op in model._subnetact.ops for c in getattr(op, "_weight_copies", {}).values()]
+    return [c[0] for op in model._subnetact.ops for c in (op.weight_copies or {}).values()]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +89,7 @@ def test_copies_are_contiguous_slices_of_the_weight_and_fill_only_for_registered
     held = copies(model)
     assert len(held) == info.copies and info.used_bytes == sum(t.numel() * t.element_size() for t in held)
     for op in model._subnetact.ops:
-        for (k_out, k_in), (t, *_) in getattr(op, "_weight_copies", {}).items():
+        for (k_out, k_in), (t, *_) in (op.weight_copies or {}).items():
             assert t.is_contiguous() and t.data_ptr() not in weights
             assert torch.equal(t, op.weight[:k_out, :k_in])
 

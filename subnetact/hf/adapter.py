@@ -21,42 +21,42 @@ changes (:mod:`subnetact.hf.verify`).
 from __future__ import annotations
 
 import copy
-import math
 import re
 import sys
 from collections.abc import Callable, Sequence
 
 from torch import nn
 
-from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
 from ..head_count import head_count_factory
 from ..layer_select import EVERY_OTHER
+from ..plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..space import Entry
-from ..state import ChannelGroup, Plan
-from .families import _BY_LAYER_CLASS, _FAMILIES, TransformerFamily, all_layer_parts, find_layers
+from ..state import ChannelGroup, Plan, active_size, state_of
+from .families import TransformerFamily, all_layer_parts, find_layers, record_family
 from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
 
 
 def active_heads(width: float, heads: int) -> int:
-    """Whole heads kept at ``width``: ``ceil(width * heads)``, at least 1."""
-    # The 1e-9 keeps ceil(0.3 * 10) at 3 despite 0.3 * 10 == 3.0000000000000004.
-    return max(1, math.ceil(width * heads - 1e-9))
+    """Whole heads kept at ``width``: ``ceil(width * heads)``, at least 1 (:func:`subnetact.state.active_size`)."""
+    return active_size(width, heads)
 
 
 def active_neurons(width: float, size: int) -> int:
-    """FFN neurons kept at ``width``: ``ceil(width * size)``, at least 1."""
-    return max(1, math.ceil(width * size - 1e-9))
+    """FFN neurons kept at ``width``: ``ceil(width * size)``, at least 1 (:func:`subnetact.state.active_size`)."""
+    return active_size(width, size)
 
 
 #: The oldest transformers release the Hugging Face support is tested with (CI's .ci/oldest.txt).
 MIN_TRANSFORMERS = (5, 9)
 
 
-def _check_transformers_version() -> None:
+def check_transformers_version() -> None:
+    """Raise :class:`~subnetact.UnsupportedModelError` if the installed transformers is older than
+    :data:`MIN_TRANSFORMERS` (encoders and decoders alike)."""
     # transformers 4.x BERT reshapes q/k/v with its fixed ``num_attention_heads`` (narrower projections would fail
     # in view()); before 5.9 ViT keeps ``encoder.layer`` and ``attention_head_size`` instead of ``layers`` and
     # ``head_dim``. The model's own module is already imported, so this imports nothing.
@@ -85,7 +85,7 @@ def analyse(
     a tiny forward with hooks), so a family whose layers are shared or whose attention cannot run fewer heads is
     refused here instead of converting into a silently wrong supernet.
     """
-    _check_transformers_version()
+    check_transformers_version()
     hf_config = getattr(model, "config", None)
     if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
         raise UnsupportedModelError(
@@ -137,7 +137,7 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
     same widths, ``num_attention_heads`` and ``intermediate_size`` of the subnet; and it sets each attention
     module's head count (and ``all_head_size``) to its kept heads, keeping the supernet's head size.
     """
-    state = model._subnetact
+    state = state_of(model)
     cfg = plan.config
     sizes = state.group_sizes(cfg)
     _, layers = find_layers(model, family)
@@ -220,7 +220,6 @@ def register_family(
         raise ConfigError(f"classes={classes!r} must be a list of 'module.QualName' strings")
     if example_inputs is not None and not callable(example_inputs):
         raise ConfigError(f"example_inputs={example_inputs!r} must be a callable model -> dict of inputs, or None")
-    _BY_LAYER_CLASS[family.layer_class] = family
+    record_family(family, classes)
     for qualname in classes:
-        _FAMILIES[qualname] = family
         install(qualname, family, example_inputs)

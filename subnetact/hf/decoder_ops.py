@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import SubnetConfig
-from ..errors import InvalidSubnetError
+from ..errors import InvalidSubnetError, UnsupportedModelError
+from ..handlers import OperatorEntry, register_operator_kind
 from ..operator import Operator, cloned_parameter, shallow_copy_as
 from ..weight_slice import WeightSlice
 
@@ -313,3 +314,47 @@ def decoder_attention_copy(
     new._sa_kv_group, new._sa_head_dim, new._sa_n_rep, new._sa_overrides = kv_group, head_dim, n_rep, overrides
     new._sa_layout_groups, new._sa_depth_index = layout_groups, depth_index
     return new
+
+
+# -- operator kinds (:func:`subnetact.extend.register_operator_kind`) ---------------------------------------------
+@register_operator_kind("packed_projection")
+def packed_projection(module: nn.Module, entry: OperatorEntry) -> nn.Module:
+    """Handler of kind ``"packed_projection"``: an ``nn.Linear`` or ``Conv1D`` whose output packs parts.
+
+    ``entry.groups`` is ``(input group, *one group per part)``; ``entry.options`` the parts' ``(first row, rows)``
+    (empty: the output is whole). An ``nn.Linear`` must have parts and a whole input (Phi-3's ``qkv_proj`` and
+    ``gate_up_proj``); a ``Conv1D`` may have either (GPT-2's ``c_attn``, ``c_fc``, ``c_proj``).
+    """
+    in_group, *part_groups = entry.groups
+    spans = tuple(entry.options or ())
+    if len(spans) != len(part_groups):
+        raise UnsupportedModelError(f"packed_projection: {len(spans)} parts but {len(part_groups)} part groups")
+    parts = tuple((start, rows, group) for (start, rows), group in zip(spans, part_groups))
+    if type(module).__name__ == "Conv1D":
+        return Conv1DSlice(module, parts or None, in_group)
+    if type(module) is not nn.Linear or in_group is not None or not parts:
+        raise UnsupportedModelError(
+            f"packed_projection: {type(module).__qualname__} with input group {in_group!r} and {len(parts)} parts; an "
+            "nn.Linear needs parts and a whole input"
+        )
+    return PartsSliceLinear.from_module(module, parts)
+
+
+@register_operator_kind("decoder_attention")
+def decoder_attention(module: nn.Module, entry: OperatorEntry) -> nn.Module:
+    """Handler of kind ``"decoder_attention"``: the attention of a decoder layer (:class:`DecoderAttention`).
+
+    ``entry.groups`` is ``(this layer's KV group, *every layer's KV group)`` (the latter give the KV-cache layout);
+    ``entry.options`` is ``(head_dim, n_rep, overrides, depth entry or None)``.
+    """
+    kv_group, *layout_groups = entry.groups
+    head_dim, n_rep, overrides, depth_index = entry.options
+    return decoder_attention_copy(
+        module,
+        kv_group=kv_group,
+        head_dim=head_dim,
+        n_rep=n_rep,
+        overrides=tuple(overrides),
+        layout_groups=tuple(layout_groups),
+        depth_index=depth_index,
+    )

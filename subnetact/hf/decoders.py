@@ -37,14 +37,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
+from ..handlers import OperatorEntry
 from ..layer_select import EVERY_OTHER
+from ..plan import ConversionPlan, ConvertConfig, StagePlan, depth_choices, register_model_adapter
 from ..space import Entry
-from ..state import ChannelGroup, Plan
-from .adapter import WIDTH_LINK, _check_transformers_version, active_heads, active_neurons
-from .decoder_ops import OVERRIDE_KINDS, Conv1DSlice, PartsSliceLinear, decoder_attention_copy
+from ..state import ChannelGroup, Plan, active_size, state_of
+from .adapter import WIDTH_LINK, check_transformers_version
+from .decoder_ops import OVERRIDE_KINDS
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ def analyse(
 ) -> ConversionPlan:
     """Phase 1 of :func:`subnetact.convert` for a decoder: validate and describe; the original model's output on a
     tiny input is computed here for the convert-time check (:func:`_check`)."""
-    _check_transformers_version()
+    check_transformers_version()
     path, layers = find_decoder_layers(model, family)
     if filter_fn is not None and not filter_fn(layers, path):
         raise UnsupportedModelError(f"filter_fn rejected {path!r}, the only stage of {type(model).__qualname__}")
@@ -286,55 +287,53 @@ def analyse(
     groups: list[ChannelGroup] = []
     heads_entries, ffn_entries = [], []
     slices: dict[str, tuple[int | None, int | None]] = {}
-    custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
+    operators: dict[str, OperatorEntry] = {}
     layout_groups = tuple(3 * i + 1 for i in range(n))
     for i, p in enumerate(parts):
         qg, kvg, fg = 3 * i, 3 * i + 1, 3 * i + 2
         n_rep = p.heads // p.kv_heads
-        kept = {w: active_heads(w, p.kv_heads) for w in config.width_choices}
+        kept = {w: active_size(w, p.kv_heads) for w in config.width_choices}
         q_sizes = tuple((w, g * n_rep * p.head_dim) for w, g in kept.items())
         groups.append(ChannelGroup("heads", i, p.heads * p.head_dim, q_sizes))
         groups.append(
             ChannelGroup("heads", i, p.kv_heads * p.head_dim, tuple((w, g * p.head_dim) for w, g in kept.items()))
         )
-        ffn_sizes = tuple((w, active_neurons(w, p.ffn)) for w in config.width_choices)
+        ffn_sizes = tuple((w, active_size(w, p.ffn)) for w in config.width_choices)
         groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
         heads_entries.append(Entry(f"{p.path}.{family.attention}", config.width_choices))
         ffn_entries.append(Entry(f"{p.path}.{family.down}", config.width_choices))
-        custom[f"{p.path}.{family.attention}"] = _attention_factory(
-            kvg, p.head_dim, n_rep, family.overrides, layout_groups, 0 if depth_elastic else None
+        # The attention first: its children's entries then replace the children of its copy.
+        operators[f"{p.path}.{family.attention}"] = OperatorEntry(
+            "decoder_attention",
+            (kvg, *layout_groups),
+            (p.head_dim, n_rep, family.overrides, 0 if depth_elastic else None),
         )
         q_f, kv_f = p.heads * p.head_dim, p.kv_heads * p.head_dim
-        conv = type(p.layer.get_submodule(family.o)).__name__ == "Conv1D"
         if family.qkv is not None:
-            qkv_parts = ((0, q_f, qg), (q_f, kv_f, kvg), (q_f + kv_f, kv_f, kvg))
-            custom[f"{p.path}.{family.qkv}"] = _projection_factory(qkv_parts, None)
+            spans = ((0, q_f), (q_f, kv_f), (q_f + kv_f, kv_f))
+            operators[f"{p.path}.{family.qkv}"] = OperatorEntry("packed_projection", (None, qg, kvg, kvg), spans)
         else:
-            slices[f"{p.path}.{family.q}"] = (qg, None)
-            slices[f"{p.path}.{family.k}"] = (kvg, None)
+            slices.update({f"{p.path}.{family.q}": (qg, None), f"{p.path}.{family.k}": (kvg, None)})
             slices[f"{p.path}.{family.v}"] = (kvg, None)
-        if conv:
-            custom[f"{p.path}.{family.o}"] = _projection_factory(None, qg)
-        else:
-            slices[f"{p.path}.{family.o}"] = (None, qg)
-        if family.gate_up is not None:
-            custom[f"{p.path}.{family.gate_up}"] = _projection_factory(((0, p.ffn, fg), (p.ffn, p.ffn, fg)), None)
+        if family.gate_up is not None:  # Phi-3: the prefix of each half
+            spans = ((0, p.ffn), (p.ffn, p.ffn))
+            operators[f"{p.path}.{family.gate_up}"] = OperatorEntry("packed_projection", (None, fg, fg), spans)
         else:
             if family.gate is not None:
                 slices[f"{p.path}.{family.gate}"] = (fg, None)
-            up_conv = type(p.layer.get_submodule(family.up)).__name__ == "Conv1D"
-            if up_conv:
-                custom[f"{p.path}.{family.up}"] = _projection_factory(((0, p.ffn, fg),), None)
+            if _is_conv1d(p.layer.get_submodule(family.up)):
+                operators[f"{p.path}.{family.up}"] = OperatorEntry("packed_projection", (None, fg), ((0, p.ffn),))
             else:
                 slices[f"{p.path}.{family.up}"] = (fg, None)
-        if type(p.layer.get_submodule(family.down)).__name__ == "Conv1D":
-            custom[f"{p.path}.{family.down}"] = _projection_factory(None, fg)
-        else:
-            slices[f"{p.path}.{family.down}"] = (None, fg)
+        for name, group in ((family.o, qg), (family.down, fg)):  # input columns (Conv1D: rows)
+            if _is_conv1d(p.layer.get_submodule(name)):
+                operators[f"{p.path}.{name}"] = OperatorEntry("packed_projection", (group,), ())
+            else:
+                slices[f"{p.path}.{name}"] = (None, group)
     dims: dict[str, list[Entry]] = {}
     stages = []
     if depth_elastic:
-        dims["depth"] = [Entry(path, tuple(range(min(config.min_depth, n), n + 1)))]
+        dims["depth"] = [Entry(path, depth_choices(n, config.min_depth))]
         stages = [StagePlan(path, EVERY_OTHER)]
     dims["heads"], dims["ffn"] = heads_entries, ffn_entries
     reference = _reference_output(model)
@@ -343,31 +342,14 @@ def analyse(
         dims,
         groups,
         slices,
-        custom=custom,
         links=dict(WIDTH_LINK),
+        operators=operators,
         check=lambda converted: _check(converted, reference),
     )
 
 
-def _attention_factory(kv_group, head_dim, n_rep, overrides, layout_groups, depth_index):
-    return lambda attention: decoder_attention_copy(
-        attention,
-        kv_group=kv_group,
-        head_dim=head_dim,
-        n_rep=n_rep,
-        overrides=overrides,
-        layout_groups=layout_groups,
-        depth_index=depth_index,
-    )
-
-
-def _projection_factory(parts, in_group) -> Callable[[nn.Module], nn.Module]:
-    def factory(module: nn.Module) -> nn.Module:
-        if type(module).__name__ == "Conv1D":
-            return Conv1DSlice(module, parts, in_group)
-        return PartsSliceLinear.from_module(module, parts)
-
-    return factory
+def _is_conv1d(module: nn.Module) -> bool:
+    return type(module).__name__ == "Conv1D"
 
 
 def _reference_output(model: nn.Module) -> tuple[dict, torch.Tensor]:
@@ -391,7 +373,7 @@ def _check(model: nn.Module, reference: tuple[dict, torch.Tensor]) -> None:
     """The convert-time check: the largest subnet's logits equal the original's bit for bit; the smallest runs."""
     inputs, want = reference
     modes = {m: m.training for m in model.modules()}
-    state = model._subnetact
+    state = state_of(model)
     try:
         model.eval()
         with torch.no_grad():
@@ -423,7 +405,7 @@ def _check(model: nn.Module, reference: tuple[dict, torch.Tensor]) -> None:
 def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: DecoderFamily) -> nn.Module:
     """Give the generic rebuild of a converted decoder a config describing the subnet, renumber the kept layers'
     cache slots, and give attentions that read their head count from the config (Phi-3) a config of their own."""
-    state = model._subnetact
+    state = state_of(model)
     cfg = plan.config
     sizes = state.group_sizes(cfg)
     _, layers = find_decoder_layers(model, family)

@@ -6,6 +6,7 @@ Nothing here imports ``transformers``: models are recognised by class name and t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from torch import nn
@@ -130,6 +131,19 @@ DEBERTA_V2 = TransformerFamily(
 _FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
 # Layer class name -> the family last registered with it, to name the family in an unregistered model's error.
 _BY_LAYER_CLASS: dict[str, TransformerFamily] = {}
+
+
+def record_family(family: TransformerFamily, classes: Sequence[str]) -> None:
+    """Remember ``family`` for the model classes named ``classes`` and for its layer class (no adapter installed:
+    :func:`subnetact.hf.register_family` does both)."""
+    _BY_LAYER_CLASS[family.layer_class] = family
+    for qualname in classes:
+        _FAMILIES[qualname] = family
+
+
+def family_of_layer_class(name: str) -> TransformerFamily | None:
+    """The family last registered whose layer class is called ``name`` (None: no such family)."""
+    return _BY_LAYER_CLASS.get(name)
 
 
 def family_of(model: nn.Module) -> TransformerFamily | None:

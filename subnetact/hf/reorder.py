@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, UnsupportedModelError
+from ..state import converted_state
 from .families import LayerParts, TransformerFamily, all_layer_parts, family_of
 
 SCORES = ("taylor", "l1")
@@ -118,7 +119,7 @@ def reorder(
             if p.fc1.bias is not None:
                 _permute(p.fc1.bias, 0, f_rows)
             _permute(p.fc2.weight, 1, f_rows)
-    state = getattr(model, "_subnetact", None)
+    state = converted_state(model)
     if state is not None:
         state.invalidate()
     return ReorderResult(head_order, ffn_order, [s.cpu() for s in head_scores], [s.cpu() for s in ffn_scores])
@@ -163,7 +164,7 @@ def _taylor(
     def post_act_hook(mask: torch.Tensor):
         return lambda module, args: (args[0] * mask, *args[1:])  # (B, T, I): fc2's input, after the activation
 
-    converted = getattr(model, "_subnetact", None)
+    converted = converted_state(model)
     extra = {} if converted is None else {"subnet": converted.max_config}
     training = {m: m.training for m in model.modules()}
     handles = []

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from torch import nn
 
 from .._registry import qualified_name
-from ..convert import ConversionPlan, ConvertConfig, register_model_adapter
 from ..errors import UnsupportedModelError
-from .families import _BY_LAYER_CLASS, TransformerFamily
+from ..plan import ConversionPlan, ConvertConfig, register_model_adapter
+from .families import TransformerFamily, family_of_layer_class
 
 PRETRAINED_MODEL = "transformers.modeling_utils.PreTrainedModel"
 
@@ -50,7 +50,7 @@ def _layer_lists(model: nn.Module) -> list[tuple[str, nn.ModuleList]]:
 def _hint(model: nn.Module) -> str:
     qualname = qualified_name(type(model))
     for path, layers in _layer_lists(model):
-        family = _BY_LAYER_CLASS.get(type(layers[0]).__name__)
+        family = family_of_layer_class(type(layers[0]).__name__)
         if family is not None:
             return (
                 f"{type(model).__qualname__} is a Hugging Face model of no registered class; its layers {path!r} "

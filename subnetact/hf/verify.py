@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from ..state import active_size
 from .families import LayerParts, TransformerFamily
 
 ExampleInputs = Callable[[nn.Module], Mapping[str, Any]]
@@ -146,12 +147,10 @@ def verify_family(
         widths: the space's width choices; the narrowest subnet (``min(widths)`` heads and FFN everywhere) is run.
         example_inputs: ``model -> kwargs`` of a tiny forward (default: :func:`default_example_inputs`).
     """
-    from .adapter import active_heads, active_neurons
-
     inputs = (example_inputs or default_example_inputs)(model)
     w = min(widths)
-    heads = [active_heads(w, p.heads) * p.head_size for p in parts]
-    ffn = [active_neurons(w, p.ffn) for p in parts]
+    heads = [active_size(w, p.heads * p.head_size, p.head_size) for p in parts]
+    ffn = [active_size(w, p.ffn) for p in parts]
     narrow = any(h != p.heads * p.head_size or f != p.ffn for h, f, p in zip(heads, ffn, parts))
     modes = {m: m.training for m in model.modules()}
     try:

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import SubnetConfig
-from ..convert import ConversionPlan, StagePlan
-from ..operator import Operator
+from ..operator import Operator, cloned_parameter
+from ..plan import ConversionPlan, StagePlan
 from ..space import Entry
 from ..state import ChannelGroup
 from ._common import (
@@ -124,7 +124,7 @@ class ElasticKernelDepthwiseConv2d(Operator, KernelTransformDepthwise):
         c, k, filt = entry
         with torch.device("meta"):
             dense = nn.Conv2d(c, c, k, self.stride, k // 2, self.dilation, groups=c, bias=False)
-        dense.weight = nn.Parameter(filt.detach().clone(), requires_grad=self.weight.requires_grad)
+        dense.weight = cloned_parameter(filt, self.weight.requires_grad)
         dense.training = self.training
         return dense
 

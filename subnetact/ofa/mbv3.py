@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..convert import ConversionPlan, ConvertConfig, register_model_adapter
 from ..errors import UnsupportedModelError
+from ..plan import ConversionPlan, ConvertConfig, register_model_adapter
 from .mbconv import (
     ElasticKernelDepthwiseConv2d,
     KernelTransformDepthwise,

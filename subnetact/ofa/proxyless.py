@@ -17,8 +17,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..convert import ConversionPlan, ConvertConfig, register_model_adapter
 from ..errors import UnsupportedModelError
+from ..plan import ConversionPlan, ConvertConfig, register_model_adapter
 from .mbconv import MBInfo, check_network, finish, mb_plan, plain_parts, static
 
 OFA_PROXYLESS = "ofa.imagenet_classification.elastic_nn.networks.ofa_proxyless.OFAProxylessNASNets"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..convert import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
+from ..plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..space import Entry
 from ..state import ChannelGroup
 from ._common import (

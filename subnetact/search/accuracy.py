@@ -14,7 +14,7 @@ from ..calibrate import calibrate
 from ..config import SubnetConfig
 from ..errors import ConfigError
 from ..space import Space
-from ..supernet import state_of
+from ..state import state_of
 
 AccuracyFn = Callable[[SubnetConfig], float]
 
@@ -30,7 +30,7 @@ def calibrated_evaluator(
     """
     state_of(model)
     clean = copy.deepcopy(model).eval()
-    clean._subnetact.stats.clear()
+    state_of(clean).stats.clear()
     cache: dict[SubnetConfig, float] = {}
 
     def accuracy(cfg: SubnetConfig) -> float:

@@ -10,9 +10,12 @@ SIGTERM drains (see :func:`subnetact.serving.serve`). Across machines, use :mod:
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 import torch
+
+from scheduling import policy_names
 
 from .app import ServingApp
 from .backend import LocalBackend
@@ -44,14 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="cpu")
     model.add_argument("--threads", type=int, default=None, help="torch threads")
     sched = p.add_argument_group("scheduling")
-    sched.add_argument("--policy", default="slackfit", help="slackfit, maxacc, maxbatch, mincost or fixed:<id>")
+    sched.add_argument(
+        "--policy",
+        default="slackfit",
+        help="a scheduling.make_policy name: " + ", ".join(policy_names()).replace("<arg>", "<subnet id>"),
+    )
     sched.add_argument("--workers", type=int, default=1, help="worker threads, one batch at a time each")
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
     http = p.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8000)
     http.add_argument("--default-deadline-ms", type=float, default=100.0)
-    http.add_argument("--max-body-bytes", type=int, default=1 << 20)
+    http.add_argument(
+        "--max-body-bytes", type=int, default=None, help="default: the largest valid body for the input shape"
+    )
     http.add_argument("--body-timeout-s", type=float, default=5.0)
     http.add_argument("--header-timeout-s", type=float, default=10.0)
     http.add_argument("--keep-alive-s", type=int, default=5)
@@ -62,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler()  # stderr: drain, stuck workers, disconnects (uvicorn logs its own)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("subnetact.serving", "scheduling"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(logging.INFO)
     if args.digits:
         from .digits import digits_spec
 

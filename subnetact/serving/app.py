@@ -9,19 +9,31 @@ Endpoints:
   ====  ==========================================================================================================
   200   ``{"prediction" | "output", "subnet", "subnet_accuracy", "batch_size", "latency_ms", "on_time": true}``
   400   malformed body, input of the wrong shape, bad ``deadline_ms`` / ``X-Deadline-Ms`` (the message says which)
-  404   no such endpoint; 405 wrong method (with ``Allow``)
+  404   no such endpoint; 405 wrong method (with ``Allow``); both counted in ``/metrics`` like any answer
   408   the body did not arrive within ``body_timeout_s`` (the connection is closed)
   413   the body is larger than ``max_body_bytes`` (the connection is closed)
-  415   ``Content-Type`` is neither ``application/json`` nor ``application/x-safetensors``
+  415   ``Content-Type`` is neither ``application/json`` nor ``application/x-safetensors`` (the connection is closed:
+        its body is not read)
   429   the queue is full
   500   the model raised
   503   no live worker, or the server is draining (``Retry-After: 1``)
-  504   the deadline was missed: dropped because it could no longer be met (``"error": "deadline missed"``), or
-        answered after it (the prediction is included with ``"on_time": false``)
+  504   the deadline was missed: dropped because it could no longer be met (``"error": "deadline missed"``), answered
+        with an error by the scheduler's reaper because its worker is stuck, not answered by the backend within
+        ``backstop_s`` of the deadline (``"error": "deadline missed"``, a detail saying which), or answered after
+        it (the prediction is included with ``"on_time": false``)
   ====  ==========================================================================================================
 
+A client that disconnects before its body arrived is logged (one line) and counted as ``client_disconnected``.
+
+**The event loop never parses a large body.** Bodies up to ``inline_decode_bytes`` (16 KiB: a few tens of µs of
+parsing) are decoded on the event loop; larger ones on a small thread pool (``decode_threads``), so a flood of large
+bodies delays other clients by at most the time the pool holds the GIL, not by the whole flood. The CPU a body can
+cost is bounded by ``max_body_bytes``, whose default (:func:`~subnetact.serving.codec.default_max_body_bytes`) is the
+largest valid body for the input shape: anything larger is refused with 413 before parsing.
+
 - ``GET /healthz``: 200 while the process serves HTTP (liveness).
-- ``GET /readyz``: 200 when a request would be served now; 503 while draining or without a live worker (readiness).
+- ``GET /readyz``: 200 when a request would be served now; 503 while draining, without a live worker, or while every
+  worker is stuck (``{"ready": false, "reason": ...}``; readiness).
 - ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
 - ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length.
 """
@@ -31,9 +43,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from scheduling import (
@@ -45,11 +59,22 @@ from scheduling import (
 )
 
 from .backend import Backend
-from .codec import DEADLINE_HEADER, JSON_TYPE, TENSOR_TYPE, RequestError, decode_json, decode_tensor, parse_budget_ms
+from .codec import (
+    DEADLINE_HEADER,
+    JSON_TYPE,
+    TENSOR_TYPE,
+    RequestError,
+    decode_json,
+    decode_tensor,
+    default_max_body_bytes,
+    parse_budget_header,
+    parse_budget_ms,
+)
 from .metrics import ServingMetrics
 
 __all__ = ["ServingApp"]
 
+_log = logging.getLogger("subnetact.serving")
 _CLOSE = {"connection": "close"}
 ARRIVED = "subnetact.arrived"
 """ASGI scope key: ``(time.perf_counter(), time.time())`` when the request's headers arrived."""
@@ -70,9 +95,16 @@ class ServingApp:
         backend: A :class:`~subnetact.serving.LocalBackend` or the Ray backend.
         input_shape: One request's input shape without the batch dimension, e.g. ``(1, 8, 8)``.
         default_deadline_ms: Budget of a request that gives none. Default 100 ms.
-        max_body_bytes: Larger bodies are answered 413. Default 1 MiB.
+        max_body_bytes: Larger bodies are answered 413. Default ``None``: the largest valid body for
+            ``input_shape`` (:func:`~subnetact.serving.codec.default_max_body_bytes`; 67,584 bytes for the digits).
         body_timeout_s: The whole body must arrive within this many seconds of the headers, else 408.
             Default 5 s.
+        backstop_s: The front end's own timeout: a request the backend has not answered ``backstop_s`` after its
+            deadline is answered 504 (the scheduler answers by deadline + its ``deadline_grace_s`` already; this
+            covers a backend that does not). Default 1.5 s.
+        decode_threads: Threads parsing bodies larger than ``inline_decode_bytes`` off the event loop. Default 2.
+        inline_decode_bytes: Bodies up to this size are parsed on the event loop (cheaper than a thread hop).
+            Default 16 KiB.
 
     Attributes:
         metrics: The :class:`~subnetact.serving.metrics.ServingMetrics` behind ``GET /metrics``.
@@ -84,25 +116,41 @@ class ServingApp:
         *,
         input_shape: Sequence[int],
         default_deadline_ms: float = 100.0,
-        max_body_bytes: int = 1 << 20,
+        max_body_bytes: int | None = None,
         body_timeout_s: float = 5.0,
+        backstop_s: float = 1.5,
+        decode_threads: int = 2,
+        inline_decode_bytes: int = 16 << 10,
     ) -> None:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
         from starlette.routing import Route
 
         self.default_deadline_ms = parse_budget_ms(default_deadline_ms, "default_deadline_ms")
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int) or max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes={max_body_bytes!r} must be an int >= 1")
-        if not (isinstance(body_timeout_s, (int, float)) and math.isfinite(body_timeout_s) and body_timeout_s > 0):
-            raise ValueError(f"body_timeout_s={body_timeout_s!r} must be a number of seconds > 0")
+        for name, value, low in (
+            ("max_body_bytes", max_body_bytes, 1),
+            ("decode_threads", decode_threads, 1),
+            ("inline_decode_bytes", inline_decode_bytes, 0),
+        ):
+            if value is None and name == "max_body_bytes":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r} must be an int >= {low}")
+        for name, value in (("body_timeout_s", body_timeout_s), ("backstop_s", backstop_s)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+                raise ValueError(f"{name}={value!r} must be a number of seconds > 0")
         self.backend = backend
         self.input_shape = tuple(input_shape)
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes = default_max_body_bytes(self.input_shape) if max_body_bytes is None else max_body_bytes
         self.body_timeout_s = float(body_timeout_s)
+        self.backstop_s = float(backstop_s)
+        self.inline_decode_bytes = inline_decode_bytes
+        self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="subnetact-decode")
         self.draining = False  # new predictions are refused (503)
         self.unready = False  # /readyz answers 503, predictions are still served
-        self.metrics = ServingMetrics(queue_length=backend.queue_len)
+        self.metrics = ServingMetrics(
+            queue_length=backend.queue_len, stuck_workers=getattr(backend, "stuck_workers", None)
+        )
         backend.set_batch_observer(self.metrics.batch_size.observe)
         self._app = Starlette(
             routes=[
@@ -145,7 +193,8 @@ class ServingApp:
         if exc.status_code == 405:
             allow = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
             detail += f"; allowed: {allow}"
-        self.metrics.requests.labels(what.replace(" ", "_")).inc()
+        arrived = request.scope.get(ARRIVED, (time.perf_counter(), 0.0))[0]
+        self.metrics.observe(what.replace(" ", "_"), time.perf_counter() - arrived, window=False)
         return self._json(exc.status_code, {"error": what, "detail": detail}, exc.headers)
 
     # ------------------------------------------------------------------ endpoints
@@ -172,6 +221,7 @@ class ServingApp:
                 415,
                 "unsupported_media_type",
                 {"error": f"Content-Type {media or '(none)'!r} is not supported; use {JSON_TYPE} or {TENSOR_TYPE}"},
+                _CLOSE,  # its body is not read: closing beats waiting for (or draining) a body nobody wants
             )
         length = request.headers.get("content-length")
         if length is not None and int(length) > self.max_body_bytes:  # the HTTP parser already checked it is an int
@@ -183,24 +233,38 @@ class ServingApp:
                 408, "timeout", {"error": f"the body did not arrive within {self.body_timeout_s:g} s"}, _CLOSE
             ) from None
         try:
-            budget_ms = None
             header = request.headers.get(DEADLINE_HEADER)
-            if media == JSON_TYPE:
-                payload, budget_ms = decode_json(body, self.input_shape)
-            else:
-                payload = decode_tensor(body, self.input_shape)
-            if header is not None:
+            header_ms = None if header is None else parse_budget_header(header)
+            if len(body) <= self.inline_decode_bytes:
+                payload, budget_ms = self._decode(media, body)
+            else:  # off the event loop: other clients keep being served while it parses
+                loop = asyncio.get_running_loop()
+                payload, budget_ms = await loop.run_in_executor(self._decode_pool, self._decode, media, body)
+            if header_ms is not None:
                 if budget_ms is not None:
                     raise RequestError(400, "give the deadline as the X-Deadline-Ms header or deadline_ms, not both")
-                budget_ms = parse_budget_ms(header, "X-Deadline-Ms")
+                budget_ms = header_ms
         except RequestError as exc:
             raise _Answer(exc.status, "bad_request", {"error": str(exc)}) from None
         budget_ms = self.default_deadline_ms if budget_ms is None else budget_ms
+        deadline_wall = arrived_wall + budget_ms / 1e3
         try:
-            result = await self.backend.infer(payload, arrived_wall + budget_ms / 1e3)
-        except DeadlineMissedError as exc:
+            # The backstop: the backend should answer by the deadline (+ its grace); if it does not, we do.
+            backstop = max(0.0, deadline_wall - time.time()) + self.backstop_s
+            result = await asyncio.wait_for(self.backend.infer(payload, deadline_wall), backstop)
+        except DeadlineMissedError as exc:  # first: it is also a TimeoutError
             raise _Answer(
                 504, "deadline_missed", {"error": "deadline missed", "detail": str(exc), "deadline_ms": budget_ms}
+            ) from None
+        except asyncio.TimeoutError:
+            raise _Answer(
+                504,
+                "deadline_missed",
+                {
+                    "error": "deadline missed",
+                    "detail": f"the backend did not answer within {self.backstop_s:g} s of the deadline",
+                    "deadline_ms": budget_ms,
+                },
             ) from None
         except QueueFullError as exc:
             raise _Answer(429, "queue_full", {"error": "queue full", "detail": str(exc)}) from None
@@ -217,6 +281,11 @@ class ServingApp:
         answer["_budget_s"] = budget_ms / 1e3
         return answer
 
+    def _decode(self, media: str, body: bytes) -> tuple[Any, float | None]:
+        if media == JSON_TYPE:
+            return decode_json(body, self.input_shape)
+        return decode_tensor(body, self.input_shape), None
+
     def _too_large(self, size: int) -> _Answer:
         return _Answer(
             413,
@@ -226,12 +295,19 @@ class ServingApp:
         )
 
     async def _read_body(self, request) -> bytes:
+        from starlette.requests import ClientDisconnect
+
         chunks, size = [], 0
-        async for chunk in request.stream():  # chunked bodies have no Content-Length: count as they come
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise self._too_large(size)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():  # chunked bodies have no Content-Length: count as they come
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    raise self._too_large(size)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # Nobody is left to answer: one log line and a count, not a traceback per connection.
+            _log.info("client %s disconnected after %d bytes of its body", _peer(request), size)
+            raise _Answer(499, "client_disconnected", {"error": "client disconnected"}) from None
         return b"".join(chunks)
 
     async def _healthz(self, request):
@@ -241,6 +317,11 @@ class ServingApp:
         if self.unready:
             return self._json(503, {"ready": False, "reason": "draining"})
         if not self.backend.ready():
+            stuck = getattr(self.backend, "stuck_workers", None)
+            if stuck is not None and stuck():
+                return self._json(
+                    503, {"ready": False, "reason": f"every worker is stuck ({stuck()} past a deadline + grace)"}
+                )
             return self._json(503, {"ready": False, "reason": "no live worker"})
         return self._json(200, {"ready": True})
 
@@ -262,3 +343,9 @@ class ServingApp:
         # uvicorn has stopped accepting and finished the in-flight requests; serve what is still queued, then stop.
         self.begin_drain()
         await self.backend.close()
+        self._decode_pool.shutdown(wait=False)
+
+
+def _peer(request) -> str:
+    client = request.client
+    return f"{client.host}:{client.port}" if client is not None else "(unknown)"

@@ -17,36 +17,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from scheduling import Fixed, MaxAcc, MaxBatch, MinCost, Policy, Profile, Scheduler, SlackFit
+from scheduling import Policy, Profile, Scheduler, make_policy
 
-__all__ = ["Backend", "LocalBackend", "make_policy", "wall_to_monotonic"]
-
-_POLICIES: dict[str, Callable[[Profile], Policy]] = {
-    "slackfit": SlackFit,
-    "maxacc": MaxAcc,
-    "maxbatch": MaxBatch,
-    "mincost": MinCost,
-}
+__all__ = ["Backend", "LocalBackend", "make_policy", "wall_to_monotonic"]  # make_policy: scheduling.make_policy
 
 
 def wall_to_monotonic(deadline_wall: float) -> float:
     """A ``time.time()`` deadline as a ``time.monotonic()`` deadline of this process."""
     return time.monotonic() + (deadline_wall - time.time())
-
-
-def make_policy(name: str | Policy, profile: Profile) -> Policy:
-    """A policy by name: ``slackfit``, ``maxacc``, ``maxbatch``, ``mincost`` or ``fixed:<subnet id>``."""
-    if isinstance(name, Policy):
-        return name
-    if name in _POLICIES:
-        return _POLICIES[name](profile)
-    if isinstance(name, str) and name.startswith("fixed:"):
-        key = name.split(":", 1)[1]
-        ids = {str(i): i for i in profile.ids}
-        if key in ids:
-            return Fixed(profile, ids[key])
-    allowed = [*_POLICIES, *(f"fixed:{i}" for i in profile.ids)]
-    raise ValueError(f"policy={name!r} is not one of {allowed}")
 
 
 class Backend(Protocol):
@@ -61,7 +39,7 @@ class Backend(Protocol):
         """Requests waiting."""
 
     def ready(self) -> bool:
-        """Whether a request sent now could be served (a live worker, not closing)."""
+        """Whether a request sent now could be served (a live worker that is not stuck, not closing)."""
 
     def set_batch_observer(self, fn: Callable[[int], None]) -> None:
         """Call ``fn(batch_size)`` for every batch run from now on."""
@@ -79,6 +57,8 @@ class LocalBackend:
         policy: A :class:`scheduling.Policy` or a name for :func:`make_policy`. Default ``"slackfit"``.
         workers: Worker threads (one batch at a time each). Default 1.
         max_queue: Queue capacity; beyond it requests fail with ``QueueFullError`` (HTTP 429). Default 1000.
+        deadline_grace_s: The scheduler's ``deadline_grace_s``: a request still running on a worker this long past
+            its deadline is answered ``DeadlineMissedError`` (HTTP 504) and the worker marked stuck. Default 0.5 s.
     """
 
     def __init__(
@@ -89,13 +69,16 @@ class LocalBackend:
         policy: str | Policy = "slackfit",
         workers: int = 1,
         max_queue: int = 1000,
+        deadline_grace_s: float = 0.5,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers={workers!r} must be an int >= 1")
         self.profile = profile
         self.runner = runner
         self._observe_batch: Callable[[int], None] | None = None
-        self.scheduler = Scheduler(make_policy(policy, profile), [self._run] * workers, max_queue=max_queue)
+        self.scheduler = Scheduler(
+            make_policy(policy, profile), [self._run] * workers, max_queue=max_queue, deadline_grace_s=deadline_grace_s
+        )
 
     def _run(self, subnet_id: Any, payloads: list[Any]) -> list[Any]:
         if self._observe_batch is not None:
@@ -112,7 +95,11 @@ class LocalBackend:
         return self.scheduler.queue_len
 
     def ready(self) -> bool:
-        return bool(self.scheduler.workers)
+        return bool(self.scheduler.healthy_workers)
+
+    def stuck_workers(self) -> int:
+        """Workers marked stuck by the scheduler (their batch ran past a deadline + grace)."""
+        return len(self.scheduler.stuck_workers)
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, lambda: self.scheduler.close(drain=True))

@@ -9,14 +9,20 @@ Two body formats for ``POST /predict``:
   the compact binary format: 8 bytes of header length, a small JSON header, then the raw little-endian data; it is
   parsed without pickle, and :func:`encode_tensor` writes it.
 
-The deadline is a *relative budget* in milliseconds: the ``deadline_ms`` field or the ``X-Deadline-Ms`` header (not
-both). The front end turns it into an absolute time when the request arrives.
+The deadline is a *relative budget* in milliseconds: the ``deadline_ms`` field (a JSON number, not a string) or the
+``X-Deadline-Ms`` header (plain decimal digits with an optional fraction, e.g. ``50`` or ``12.5``: no sign, exponent,
+spaces or ``_``), not both; ``0 < budget <= MAX_DEADLINE_MS`` (10 minutes: a larger budget is no deadline at all).
+The front end turns it into an absolute time when the request arrives.
+
+:func:`default_max_body_bytes` is the body limit the front end uses unless told otherwise: what the largest valid
+request for the input shape needs, not a fixed 1 MiB (see ``docs/benchmarks.md``, issue 22).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,13 +34,32 @@ __all__ = [
     "RequestError",
     "decode_json",
     "decode_tensor",
+    "default_max_body_bytes",
     "encode_tensor",
+    "parse_budget_header",
     "parse_budget_ms",
 ]
 
 JSON_TYPE = "application/json"
 TENSOR_TYPE = "application/x-safetensors"
 DEADLINE_HEADER = "x-deadline-ms"
+MAX_DEADLINE_MS = 600_000.0
+"""The largest deadline budget accepted (10 minutes)."""
+_HEADER_BUDGET = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
+# A JSON number in the input needs at most this many bytes with its separator ("-1.2345678901234567e-300, "); the rest
+# of a valid body (field names, nesting brackets, deadline) fits in the fixed allowance.
+_JSON_BYTES_PER_VALUE = 32
+_BODY_ALLOWANCE = 64 << 10
+
+
+def default_max_body_bytes(input_shape: Sequence[int]) -> int:
+    """The default body limit for inputs of ``input_shape``: room for the largest valid JSON body of that shape
+    (32 bytes per value, every float written out in full) plus 64 KiB; for the (1, 8, 8) digits, 67,584 bytes.
+
+    Anything larger cannot be a valid request, so it is refused with 413 from its ``Content-Length`` (or while it
+    streams) before a byte of it is parsed.
+    """
+    return _JSON_BYTES_PER_VALUE * math.prod(input_shape) + _BODY_ALLOWANCE
 
 
 class RequestError(ValueError):
@@ -50,16 +75,31 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+def _range_error(value: Any, source: str, extra: str = "") -> RequestError:
+    return RequestError(
+        400, f"{source}={_short(value)} must be a number of milliseconds > 0 and <= {MAX_DEADLINE_MS:.0f}{extra}"
+    )
+
+
 def parse_budget_ms(value: Any, source: str) -> float:
-    """A deadline budget in ms (> 0, finite) from a JSON number or a header string; ``RequestError(400)`` if not."""
-    if isinstance(value, str):
-        try:
-            value = float(value)
-        except ValueError:
-            raise RequestError(400, f"{source}={_short(value)} must be a number of milliseconds > 0") from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise RequestError(400, f"{source}={_short(value)} must be a number of milliseconds > 0")
+    """A deadline budget in ms from a number (a JSON number, an argument): ``0 < value <= MAX_DEADLINE_MS``;
+    ``RequestError(400)`` otherwise, strings included (``"50"`` is not a number)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0 < value <= MAX_DEADLINE_MS
+    ):
+        raise _range_error(value, source, " (a number, not a string)" if isinstance(value, str) else "")
     return float(value)
+
+
+def parse_budget_header(text: str, source: str = "X-Deadline-Ms") -> float:
+    """A deadline budget in ms from a header value written as plain decimal digits (``50``, ``12.5``): no sign,
+    exponent, spaces, ``_`` or non-ASCII digits; then :func:`parse_budget_ms`'s range."""
+    if not _HEADER_BUDGET.fullmatch(text) or not 0 < float(text) <= MAX_DEADLINE_MS:
+        raise _range_error(text, source, ", written as plain digits (e.g. 50 or 12.5)")
+    return float(text)
 
 
 def _check_input(x: np.ndarray, input_shape: Sequence[int], source: str) -> np.ndarray:

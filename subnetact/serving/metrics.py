@@ -8,6 +8,11 @@ Exposed at ``GET /metrics`` in Prometheus' text format:
 - ``subnetact_request_latency_seconds{outcome}``: time from the request's arrival to its answer (histogram).
 - ``subnetact_batch_size``: size of each batch the policy chose (histogram; one observation per batch).
 - ``subnetact_queue_length``: requests waiting in the scheduler's queue (gauge, read at scrape time).
+- ``subnetact_workers_stuck``: workers whose batch ran past a request's deadline + grace and has not returned
+  (gauge, read at scrape time; backends that can tell).
+
+404/405 answers are counted (``outcome="not_found"`` / ``"method_not_allowed"``) in both the counter and the latency
+histogram; a client that disconnected before its body arrived as ``outcome="client_disconnected"``.
 
 :class:`LatencyWindow` keeps the latencies of the last 100,000 ``POST /predict`` answers, whatever their status, for
 exact server-side percentiles (``GET /stats``) that the histogram's buckets cannot give.
@@ -53,7 +58,9 @@ class LatencyWindow:
 class ServingMetrics:
     """The counters, histograms and gauge above, in their own ``CollectorRegistry`` (several apps per process)."""
 
-    def __init__(self, queue_length: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, queue_length: Callable[[], float] | None = None, stuck_workers: Callable[[], float] | None = None
+    ) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
         self.registry = CollectorRegistry(auto_describe=True)
@@ -76,15 +83,21 @@ class ServingMetrics:
         self.queue_length = Gauge("subnetact_queue_length", "Requests waiting in the queue.", registry=self.registry)
         if queue_length is not None:
             self.queue_length.set_function(queue_length)
+        self.stuck_workers = Gauge(
+            "subnetact_workers_stuck", "Workers running a batch past a deadline + grace.", registry=self.registry
+        )
+        if stuck_workers is not None:
+            self.stuck_workers.set_function(stuck_workers)
         self.window = LatencyWindow()
 
-    def observe(self, outcome: str, seconds: float, subnet: object = None) -> None:
-        """Count one answered ``POST /predict``."""
+    def observe(self, outcome: str, seconds: float, subnet: object = None, *, window: bool = True) -> None:
+        """Count one answered request (``window=False``: not a ``POST /predict``, kept out of ``/stats``)."""
         self.requests.labels(outcome).inc()
         self.latency.labels(outcome).observe(seconds)
         if subnet is not None:
             self.served.labels(str(subnet)).inc()
-        self.window.add(seconds)
+        if window:
+            self.window.add(seconds)
 
     def render(self) -> tuple[bytes, str]:
         """``(body, content type)`` of the Prometheus text exposition."""

@@ -8,13 +8,16 @@ headers slowly (or never): :func:`timed_protocol` adds one. Slow *bodies* are th
 
 On SIGTERM (what Docker and Kubernetes send) the app first answers ``/readyz`` with 503, keeps serving for
 ``drain_delay_s`` so that load balancers stop sending, then uvicorn stops accepting, finishes the in-flight requests
-(up to ``graceful_timeout_s``), and the app's lifespan shutdown serves whatever is still queued before the process
-exits. A second SIGINT exits at once.
+(up to ``graceful_timeout_s``), and the app's lifespan shutdown serves whatever is still queued; then :func:`serve`
+logs that the drain is complete and returns, so the entry point exits 0 (uvicorn on its own re-raises the signal
+after its shutdown, which ends the process with -15/143 and no word of whether the drain finished). A second SIGINT
+exits at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import signal
 import time
@@ -23,6 +26,8 @@ from typing import Any
 from .app import ARRIVED, ServingApp
 
 __all__ = ["make_server", "serve", "timed_protocol"]
+
+_log = logging.getLogger("subnetact.serving")
 
 
 def timed_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
@@ -127,13 +132,17 @@ def make_server(
         exit_at: float | None = None
 
         def handle_exit(self, sig: int, frame: Any) -> None:
+            if not self.should_exit and self.exit_at is None:
+                _log.info("%s received: draining", signal.Signals(sig).name)
             if self.exit_at is None and drain_delay_s > 0 and sig == signal.SIGTERM:  # first SIGTERM: delay
                 app.mark_unready()
                 self.exit_at = time.monotonic() + drain_delay_s
-                self._captured_signals.append(sig)
                 return
             app.begin_drain()
             super().handle_exit(sig, frame)
+            # The signal was handled by draining: uvicorn must not raise it again once run() is done (that would end
+            # the process with -15 after a clean drain).
+            self._captured_signals.clear()
 
         async def on_tick(self, counter: int) -> bool:
             if self.should_exit:
@@ -153,5 +162,10 @@ def make_server(
 
 
 def serve(app: ServingApp, **options: Any) -> None:
-    """Serve ``app`` until SIGTERM/SIGINT, then drain; blocks. ``options`` are those of :func:`make_server`."""
-    make_server(app, **options).run()
+    """Serve ``app`` until SIGTERM/SIGINT, then drain; blocks, and returns once the drain is complete (logged on the
+    ``subnetact.serving`` logger). ``options`` are those of :func:`make_server`."""
+    server = make_server(app, **options)
+    server.run()
+    if server.started:
+        answered = sum(s.value for m in app.metrics.requests.collect() for s in m.samples if s.name.endswith("_total"))
+        _log.info("drained and stopped: %d request(s) answered in all, queue empty", answered)

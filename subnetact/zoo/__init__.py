@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from ._superserve_data import _ROWS
+from ._superserve_data import ROWS
 
 # ofa.model_zoo.ofa_net("ofa_resnet50"): the supernet the six subnets come from.
 OFA_RESNET50_KWARGS: Mapping[str, Any] = MappingProxyType(
@@ -74,7 +74,7 @@ class ServedSubnet:
 
 def _build() -> tuple[ServedSubnet, ...]:
     out = []
-    for row in _ROWS:
+    for row in ROWS:
         out.append(
             ServedSubnet(
                 id=row["id"],

@@ -17,7 +17,7 @@ batch-16 values, so batch-32 end-to-end latency is probably understated by about
 _row = dict
 
 # latency_ns: batch size -> (forward mean, forward std, total mean, total std, total p99)
-_ROWS = [
+ROWS = [
     _row(
         id=0,
         accuracy=73.822,

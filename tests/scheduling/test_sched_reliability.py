@@ -23,6 +23,7 @@ from scheduling import (
     datasets,
     synthetic_profile,
 )
+from scheduling.edf import Entry
 from scheduling.metrics import MetricsRecorder
 
 T = 30.0
@@ -123,7 +124,7 @@ def test_close_with_drain_and_a_hung_worker_completes_every_queued_request():
 
     threads_before = set(threading.enumerate())
     s = Scheduler(MinCost(PROFILE), [hung], max_queue=1000)
-    (worker_thread,) = set(threading.enumerate()) - threads_before
+    (worker_thread,) = {t for t in set(threading.enumerate()) - threads_before if t.name != "scheduling-reaper"}
     running = s.submit("running", slo_s=120.0)
     assert started.wait(T)
     queued = [s.submit(i, slo_s=120.0) for i in range(40)]
@@ -194,7 +195,7 @@ def test_histogram_recorder_matches_exact_percentiles_within_half_a_percent(late
     # The same served batches into the exact recorder (the simulator's) and the histogram one (the live scheduler's).
     exact, hist = MetricsRecorder(), MetricsRecorder(thread_safe=True, latencies="histogram")
     t_done = 2e3
-    entries = [(t_done, i, t_done - lat, None) for i, lat in enumerate(latencies)]
+    entries = [Entry(t_done, i, t_done - lat, None) for i, lat in enumerate(latencies)]
     for i in range(0, len(entries), batch):
         for rec in (exact, hist):
             rec.record_served(t_done, entries[i : i + batch], 0.5)
