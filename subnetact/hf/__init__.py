@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
 from .adapter import active_heads, active_neurons, register_family
+from .decoder_reorder import DecoderReorderResult, reorder_decoder
 from .decoders import GEMMA, GEMMA2, GPT2, LLAMA, MISTRAL, OPT, PHI3, QWEN2, QWEN3, DecoderFamily, register_decoder
 from .families import BERT, DEBERTA_V2, DEIT, DISTILBERT, ELECTRA, ROBERTA, VIT, XLM_ROBERTA, TransformerFamily
 from .reorder import ReorderResult, reorder
@@ -54,6 +55,7 @@ __all__ = [
     "VIT",
     "XLM_ROBERTA",
     "DecoderFamily",
+    "DecoderReorderResult",
     "ReorderResult",
     "TransformerFamily",
     "active_heads",
@@ -61,4 +63,5 @@ __all__ = [
     "register_decoder",
     "register_family",
     "reorder",
+    "reorder_decoder",
 ]

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .._registry import ClassRegistry
 from ..errors import ConfigError, UnsupportedModelError
 from ..export import register_export_hook
 from ..handlers import OperatorEntry
@@ -182,12 +183,13 @@ def find_decoder_layers(model: nn.Module, family: DecoderFamily) -> tuple[str, n
     return found[0]
 
 
-def _get(layer: nn.Module, path: str, name: str, kinds: tuple[str, ...]) -> nn.Module:
+def _get(layer: nn.Module, path: str, name: str, kinds: tuple[str, ...], plain: bool = True) -> nn.Module:
     try:
         module = layer.get_submodule(name)
     except AttributeError:
         raise UnsupportedModelError(f"{path} has no submodule {name!r} (the decoder layout expected)") from None
-    if type(module).__name__ not in kinds and not (type(module) is nn.Linear and "Linear" in kinds):
+    linear = type(module) is nn.Linear if plain else isinstance(module, nn.Linear)
+    if type(module).__name__ not in kinds and not (linear and "Linear" in kinds):
         raise UnsupportedModelError(
             f"{path}.{name} is a {type(module).__qualname__}; subnetact slices plain torch.nn.Linear "
             f"{'and Conv1D ' if 'Conv1D' in kinds else ''}projections (quantised or adapter-wrapped layers are not "
@@ -200,8 +202,13 @@ def _out_features(module: nn.Module) -> int:
     return module.weight.shape[1] if type(module).__name__ == "Conv1D" else module.weight.shape[0]
 
 
-def layer_parts(model: nn.Module, family: DecoderFamily, path: str, layer: nn.Module) -> DecoderLayerParts:
-    """Check one decoder layer against ``family`` and read its head and FFN geometry from its weights."""
+def layer_parts(
+    model: nn.Module, family: DecoderFamily, path: str, layer: nn.Module, *, plain: bool = True
+) -> DecoderLayerParts:
+    """Check one decoder layer against ``family`` and read its head and FFN geometry from its weights.
+
+    ``plain``: require exact ``nn.Linear`` projections (before conversion); False also accepts the converted
+    ``WeightSliceLinear``."""
     cfg = model.config
     heads = getattr(cfg, "num_attention_heads", None)
     kv_heads = getattr(cfg, family.config_kv_heads, None) if family.config_kv_heads else heads
@@ -219,7 +226,7 @@ def layer_parts(model: nn.Module, family: DecoderFamily, path: str, layer: nn.Mo
     q_features, kv_features = heads * head_dim, kv_heads * head_dim
     kinds = ("Linear", "Conv1D")
     if family.qkv is not None:
-        fused = _out_features(_get(layer, path, family.qkv, kinds))
+        fused = _out_features(_get(layer, path, family.qkv, kinds, plain))
         expected = {"q": q_features + 2 * kv_features}
         if fused != expected["q"]:
             raise UnsupportedModelError(
@@ -228,21 +235,21 @@ def layer_parts(model: nn.Module, family: DecoderFamily, path: str, layer: nn.Mo
             )
     else:
         for name, want in ((family.q, q_features), (family.k, kv_features), (family.v, kv_features)):
-            got = _out_features(_get(layer, path, name, ("Linear",)))
+            got = _out_features(_get(layer, path, name, ("Linear",), plain))
             if got != want:
                 raise UnsupportedModelError(f"{path}.{name} gives {got} features, the heads need {want}")
-    o = _get(layer, path, family.o, kinds)
+    o = _get(layer, path, family.o, kinds, plain)
     o_in = o.weight.shape[0] if type(o).__name__ == "Conv1D" else o.weight.shape[1]
     if o_in != q_features:
         raise UnsupportedModelError(f"{path}.{family.o} reads {o_in} features, the heads give {q_features}")
     if family.gate_up is not None:
-        ffn2 = _out_features(_get(layer, path, family.gate_up, ("Linear",)))
+        ffn2 = _out_features(_get(layer, path, family.gate_up, ("Linear",), plain))
         ffn = ffn2 // 2
     else:
-        ffn = _out_features(_get(layer, path, family.up, kinds))
-        if family.gate is not None and _out_features(_get(layer, path, family.gate, ("Linear",))) != ffn:
+        ffn = _out_features(_get(layer, path, family.up, kinds, plain))
+        if family.gate is not None and _out_features(_get(layer, path, family.gate, ("Linear",), plain)) != ffn:
             raise UnsupportedModelError(f"{path}.{family.gate} and {family.up} differ in width")
-    down = _get(layer, path, family.down, kinds)
+    down = _get(layer, path, family.down, kinds, plain)
     down_in = down.weight.shape[0] if type(down).__name__ == "Conv1D" else down.weight.shape[1]
     if down_in != ffn:
         raise UnsupportedModelError(f"{path}.{family.down} reads {down_in} features, the FFN gives {ffn}")
@@ -456,6 +463,15 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: DecoderF
     return dense
 
 
+#: "module.QualName" of each registered decoder class -> its family.
+_DECODERS: ClassRegistry[DecoderFamily] = ClassRegistry()
+
+
+def decoder_family_of(model: nn.Module) -> DecoderFamily | None:
+    """The registered decoder family of ``model``'s class (or of its original class, for a converted model)."""
+    return _DECODERS.lookup(getattr(type(model), "_subnetact_base", type(model)))
+
+
 def install(qualname: str, family: DecoderFamily) -> None:
     """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
     register_model_adapter(qualname)(lambda model, config, filter_fn: analyse(model, config, filter_fn, family))
@@ -475,6 +491,7 @@ def register_decoder(family: DecoderFamily, classes: Sequence[str]) -> None:
     if isinstance(classes, str) or not all(isinstance(c, str) and "." in c for c in classes):
         raise ConfigError(f"classes={classes!r} must be a list of 'module.QualName' strings")
     for qualname in classes:
+        _DECODERS[qualname] = family
         install(qualname, family)
 
 

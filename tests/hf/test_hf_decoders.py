@@ -275,3 +275,37 @@ def test_base_model_without_lm_head_converts():
     keep = mask.bool()
     assert rel(got, want, keep) <= 1e-5
     assert LAYERS == 4
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "opt"])
+@pytest.mark.parametrize("score", ["activation", "magnitude"])
+def test_reorder_decoder_preserves_the_full_model_and_sorts_by_score(name, score):
+    original = make(name, "eager", seed=3)
+    model = subnetact.convert(copy.deepcopy(original))
+    ids, mask = left_padded()
+    sample = [torch.randint(3, 64, (2, 12), generator=torch.Generator().manual_seed(5))]
+    result = subnetact.hf.reorder_decoder(model, sample if score == "activation" else None, score=score)
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=mask).logits
+        want = original(input_ids=ids, attention_mask=mask).logits
+    assert rel(got, want, mask) <= 1e-5  # function-preserving at full width
+    for layer in range(LAYERS):
+        for order, importance in (
+            (result.ffn_order[layer], result.ffn_importance[layer]),
+            (result.kv_order[layer], result.kv_importance[layer]),
+        ):
+            assert sorted(order.tolist()) == list(range(len(order)))
+            assert torch.all(importance[order][:-1] >= importance[order][1:])
+    # the kept prefix is the highest-scored: neuron 0 of layer 0 now holds the former best neuron's down column
+    down = model.get_submodule("model.decoder.layers.0.fc2" if name == "opt" else "model.layers.0.mlp.down_proj")
+    down0 = original.get_submodule("model.decoder.layers.0.fc2" if name == "opt" else "model.layers.0.mlp.down_proj")
+    assert torch.equal(down.weight[:, 0], down0.weight[:, result.ffn_order[0][0]])
+
+
+def test_reorder_decoder_refuses_fused_families_and_bad_arguments():
+    with pytest.raises(UnsupportedModelError, match="fuses"):
+        subnetact.hf.reorder_decoder(make("phi3"), score="magnitude")
+    with pytest.raises(subnetact.errors.ConfigError, match="score"):
+        subnetact.hf.reorder_decoder(make("llama"), score="taylor")
+    with pytest.raises(subnetact.errors.ConfigError, match="batches"):
+        subnetact.hf.reorder_decoder(make("llama"))
