@@ -126,22 +126,12 @@ def run_demo(
         plot: write the PNG (needs matplotlib; skipped with a note if it is not installed).
         stream: where the table and progress go (default stdout).
     """
-    from scheduling import LatencyModel, make_policy, traces
+    from scheduling import traces
     from scheduling.metrics import rate_series
 
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
-    for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
-        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
-            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
-    for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
-        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
-            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
-    if latency_stat not in ("mean", "p99"):
-        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
-    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+    _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats)
     if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
         raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
@@ -208,25 +198,11 @@ def run_demo(
     )
 
     # -- one run per policy ----------------------------------------------------------------------------------------
-    rows = []
-    dynamics = None
     hogs = _start_background_load(background_load, out)
     try:
-        for name in chosen:
-            adaptive = name.endswith(ADAPTIVE)
-            policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
-            model_ = LatencyModel(prof) if adaptive else None
-            row, timeline = _run_policy(
-                name, policy, model, served, prof, x_test, labels, arrivals, requested, slo_s, workers, model_
-            )
-            rows.append(row)
-            if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
-                dynamics = (name, timeline)
-            print(
-                f"  {name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
-                f"p99 {row.latency_p99_ms:.1f} ms",
-                file=out,
-            )
+        rows, dynamics = _run_policies(
+            chosen, latency_stat, out, model, served, prof, x_test, labels, arrivals, requested, slo_s, workers
+        )
     finally:
         _stop_background_load(hogs)
 
@@ -258,6 +234,58 @@ def run_demo(
         file=out,
     )
     return DemoResult(tuple(rows), settings, profile_path, results_path, plot_path, seconds)
+
+
+def _check_settings(
+    duration_s: Any,
+    cv2: Any,
+    rate: Any,
+    load: Any,
+    slo_ms: Any,
+    slo_factor: Any,
+    latency_stat: Any,
+    workers: Any,
+    threads: Any,
+    repeats: Any,
+) -> None:
+    """Raise :class:`ConfigError` naming the first of :func:`run_demo`'s settings that is not valid."""
+    for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
+        if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise ConfigError(f"{name}={value!r} must be a finite number {'> 0' if positive else '>= 0'}")
+    for name, value in (("rate", rate), ("load", load), ("slo_ms", slo_ms), ("slo_factor", slo_factor)):
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0):
+            raise ConfigError(f"{name}={value!r} must be a finite number > 0")
+    if latency_stat not in ("mean", "p99"):
+        raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
+    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+
+
+def _run_policies(
+    chosen: list[str], latency_stat: str, out: TextIO, model: torch.nn.Module, *run: Any
+) -> tuple[list[PolicyResult], tuple[str, list] | None]:
+    """One live run per policy name (``run``: the rest of :func:`_run_policy`'s arguments after the policy): the
+    rows, and the timeline of SlackFit (else adaptive SlackFit) for the dynamics plot."""
+    from scheduling import LatencyModel, make_policy
+
+    prof = run[1]
+    rows = []
+    dynamics = None
+    for name in chosen:
+        adaptive = name.endswith(ADAPTIVE)
+        policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
+        latency_model = LatencyModel(prof) if adaptive else None
+        row, timeline = _run_policy(name, policy, model, *run, latency_model)
+        rows.append(row)
+        if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
+            dynamics = (name, timeline)
+        print(
+            f"  {name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
+            f"p99 {row.latency_p99_ms:.1f} ms",
+            file=out,
+        )
+    return rows, dynamics
 
 
 def frontier(rows: Sequence[PolicyResult]) -> list[bool]:

@@ -24,17 +24,12 @@ Example::
         ...
 """
 
-from .attention import (
-    NarrowMultiheadAttention,
-    PackedAttention,
-    PackedSliceLinear,
-    SubnetMultiheadAttention,
-    register_packed_attention,
-)
+from .attention import PackedAttention, PackedSliceLinear, register_packed_attention
 from .export import register_export_hook
 from .handlers import OperatorEntry, OperatorHandler, register_operator_kind, registered_kinds
 from .head_count import HeadCount
 from .layer_select import EVERY_OTHER, PREFIX, LayerSelect, LayerSelectList
+from .mha import NarrowMultiheadAttention, SubnetMultiheadAttention
 from .operator import Operator
 from .plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from .rules import BlockSpec, ChannelSpec, register_block_rule, unregister_block_rule

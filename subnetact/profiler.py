@@ -121,42 +121,10 @@ def profile(
     rounds = min(rounds, repeats)
     device = _device(model, device)
     make_input = _input_maker(example_input, device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
 
     entries = [(i, b) for i in range(len(configs)) for b in batch_sizes]
-    # Round r times repeats // rounds forwards of every entry, the first (repeats % rounds) rounds one more.
-    per_round = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
-    bar = Progress(len(entries) * (rounds + (warmup > 0)), "profiling", enabled=progress)
-    was_training = model.training
-    model.eval()
     load_before = _load_average()
-    samples: dict[tuple[int, int], list[float]] = {e: [] for e in entries}
-    try:
-        with torch.inference_mode():
-            inputs = {b: make_input(b) for b in batch_sizes}
-            if warmup:
-                for i, b in entries:
-                    args, kwargs = inputs[b]
-                    for _ in range(warmup):
-                        model(*args, subnet=configs[i], **kwargs)
-                    bar.update()
-            for r in range(rounds):
-                for i, b in entries:
-                    args, kwargs = inputs[b]
-                    cfg = configs[i]
-                    if warmup:
-                        model(*args, subnet=cfg, **kwargs)
-                    sync(device)
-                    for _ in range(per_round[r]):
-                        start = time.perf_counter()
-                        model(*args, subnet=cfg, **kwargs)
-                        sync(device)
-                        samples[(i, b)].append(time.perf_counter() - start)
-                    bar.update()
-    finally:
-        bar.close()
-        model.train(was_training)
-
+    samples = _time_entries(model, configs, entries, make_input, device, warmup, repeats, rounds, progress)
     stats = {e: _trimmed_stats(s, trim) for e, s in samples.items()}  # (mean, std, p99)
     corrected = _monotone_fit(stats, ids, batch_sizes, len(configs)) if monotone else []
     table: dict[int, dict[int, Any]] = {i: {} for i in range(len(configs))}
@@ -186,6 +154,54 @@ def profile(
     }
     subnet_rows = [Subnet(ids[i], accs[i], table[i], configs[i].to_dict()) for i in range(len(configs))]
     return Profile(tuple(subnet_rows), name=name, metadata=metadata)
+
+
+def _time_entries(
+    model: nn.Module,
+    configs: list[SubnetConfig],
+    entries: list[tuple[int, int]],
+    make_input: Callable[[int], tuple[tuple, dict]],
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    rounds: int,
+    progress: bool | None,
+) -> dict[tuple[int, int], list[float]]:
+    """The timed forwards of :func:`profile`: ``(subnet index, batch size) -> seconds`` per timed forward, the repeats
+    spread over ``rounds`` passes over every entry (the model's training flag restored after)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda *_: None)
+    # Round r times repeats // rounds forwards of every entry, the first (repeats % rounds) rounds one more.
+    per_round = [repeats // rounds + (r < repeats % rounds) for r in range(rounds)]
+    bar = Progress(len(entries) * (rounds + (warmup > 0)), "profiling", enabled=progress)
+    was_training = model.training
+    model.eval()
+    samples: dict[tuple[int, int], list[float]] = {e: [] for e in entries}
+    try:
+        with torch.inference_mode():
+            inputs = {b: make_input(b) for b in dict.fromkeys(b for _, b in entries)}
+            if warmup:
+                for i, b in entries:
+                    args, kwargs = inputs[b]
+                    for _ in range(warmup):
+                        model(*args, subnet=configs[i], **kwargs)
+                    bar.update()
+            for r in range(rounds):
+                for i, b in entries:
+                    args, kwargs = inputs[b]
+                    cfg = configs[i]
+                    if warmup:
+                        model(*args, subnet=cfg, **kwargs)
+                    sync(device)
+                    for _ in range(per_round[r]):
+                        start = time.perf_counter()
+                        model(*args, subnet=cfg, **kwargs)
+                        sync(device)
+                        samples[(i, b)].append(time.perf_counter() - start)
+                    bar.update()
+    finally:
+        bar.close()
+        model.train(was_training)
+    return samples
 
 
 def _subnets(model: nn.Module, subnets: SubnetsArg) -> tuple[list[int | str], list[SubnetConfig]]:

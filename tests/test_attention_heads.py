@@ -14,7 +14,8 @@ from torch import nn
 from zoo_models import HAS_TIMM, build, inputs
 
 import subnetact
-from subnetact.attention import NarrowMultiheadAttention, PackedSliceLinear, SubnetMultiheadAttention
+from subnetact.attention import PackedSliceLinear
+from subnetact.mha import NarrowMultiheadAttention, SubnetMultiheadAttention
 
 
 def _heads_only(model, choose):

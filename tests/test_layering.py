@@ -109,3 +109,44 @@ def test_no_import_cycle_inside_subnetact():
 def test_no_module_imports_another_modules_underscore_names():
     _, private = _imports(_modules())
     assert private == []
+
+
+# The layers of docs/design.md's diagram, top to bottom (keep the two in step): a module may import modules of its own
+# layer or below only. A module not named here sits with its package.
+LAYERS = [
+    "__main__ cli serving.__main__ serving.ray_serve",
+    "demo digits demo_load zoo zoo._superserve_data serving serving.app serving.server serving.backend serving.runner "
+    "serving.codec serving.metrics serving.digits",
+    "search search.run search.evolution search.cost search.accuracy search.pareto profiler train calibrate importance "
+    "cuda_graphs",
+    "io",
+    "builtins",
+    "hf hf.adapter hf.families hf.verify hf.reorder hf.unregistered ofa ofa.resnet ofa.mbv3 ofa.proxyless ofa.mbconv "
+    "ofa.config ofa.checkpoint ofa._common rules.timm_vit rules.torchvision_resnet",
+    "extend",
+    "convert graph trace rules verify",
+    "plan",
+    "supernet export",
+    "weight_slice subnet_norm slimmable_norm layer_select attention mha head_count",
+    "state weight_cache operator space",
+    "handlers config tree ops errors _registry _progress _imports data",
+]
+
+
+def test_every_import_points_down_the_documented_layers():
+    graph, _ = _imports(_modules())
+    graph = _package_edges(graph)
+    height = {f"subnetact.{m}": len(LAYERS) - i for i, layer in enumerate(LAYERS) for m in layer.split()}
+    height["subnetact"] = len(LAYERS) + 1  # the package's __init__ imports everything
+
+    def layer(module: str) -> int:
+        # A module the table does not name sits with its package (a new subnetact/hf/x.py is interop).
+        name = module
+        while name not in height:
+            if "." not in name:
+                raise AssertionError(f"{module} has no place in docs/design.md's layer diagram (LAYERS here)")
+            name = name.rpartition(".")[0]
+        return height[name]
+
+    upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets if layer(t) > layer(m)]
+    assert upward == []

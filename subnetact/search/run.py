@@ -78,30 +78,8 @@ def search(
     space = state.space
     if evaluate is None and predictor is None:
         raise ConfigError("search needs evaluate= (cfg -> accuracy) or predictor= (a fitted AccuracyPredictor)")
-    for arg, value, low in (
-        ("num_samples", num_samples, 0),
-        ("num_constraints", num_constraints, 1),
-        ("population", population, 2),
-        ("generations", generations, 0),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{arg}={value!r} must be an int >= {low}")
-    for arg, value in (("parent_ratio", parent_ratio), ("mutation_ratio", mutation_ratio)):
-        if not 0.0 < value < 1.0:
-            raise ConfigError(f"{arg}={value!r} must be in (0, 1)")
-    if parent_ratio + mutation_ratio > 1.0:
-        raise ConfigError(f"parent_ratio + mutation_ratio = {parent_ratio + mutation_ratio!r} must be <= 1")
-    if not 0.0 <= mutate_prob <= 1.0:
-        raise ConfigError(f"mutate_prob={mutate_prob!r} must be in [0, 1]")
-
-    if cost == "flops":
-        if example_input is None:
-            raise ConfigError('cost="flops" needs example_input= (one input of batch 1, as the model takes it)')
-        cost_fn: CostFn = FlopsModel(model, example_input)
-    elif callable(cost):
-        cost_fn = cost
-    else:
-        raise ConfigError(f'cost={cost!r} must be "flops" or a callable cfg -> cost')
+    _check_settings(num_samples, num_constraints, population, generations, parent_ratio, mutation_ratio, mutate_prob)
+    cost_fn = _cost_function(cost, model, example_input)
     calls = {"cost": 0, "accuracy": 0}
 
     def counted_cost(cfg: SubnetConfig) -> float:
@@ -143,25 +121,19 @@ def search(
     constraints = (
         [hi] if num_constraints == 1 else [lo + (hi - lo) * (i + 1) / num_constraints for i in range(num_constraints)]
     )
-    found: dict[SubnetConfig, float] = {space.min(): math.nan, space.max(): math.nan}
-    bar = Progress(len(constraints), "search: evolution", enabled=progress)
-    for limit in constraints:
-        final = evolution(
-            space,
-            batch_accuracy,
-            counted_cost,
-            limit,
-            population=population,
-            generations=generations,
-            parent_ratio=parent_ratio,
-            mutation_ratio=mutation_ratio,
-            mutate_prob=mutate_prob,
-            rng=rng,
-        )
-        for cfg, acc in final[: max(1, int(round(population * parent_ratio)))]:
-            found.setdefault(cfg, acc)
-        bar.update()
-    bar.close()
+    found = _evolve(
+        space,
+        batch_accuracy,
+        counted_cost,
+        constraints,
+        population=population,
+        generations=generations,
+        parent_ratio=parent_ratio,
+        mutation_ratio=mutation_ratio,
+        mutate_prob=mutate_prob,
+        rng=rng,
+        progress=progress,
+    )
 
     # Phase 3: score the survivors with the evaluator (when there is one); every evaluated subnet is a candidate.
     if evaluate is not None:
@@ -185,3 +157,79 @@ def search(
         cost_calls=calls["cost"],
         accuracy_calls=calls["accuracy"],
     )
+
+
+def _check_settings(
+    num_samples: int,
+    num_constraints: int,
+    population: int,
+    generations: int,
+    parent_ratio: float,
+    mutation_ratio: float,
+    mutate_prob: float,
+) -> None:
+    """Raise :class:`ConfigError` naming the first of :func:`search`'s settings that is out of range."""
+    for arg, value, low in (
+        ("num_samples", num_samples, 0),
+        ("num_constraints", num_constraints, 1),
+        ("population", population, 2),
+        ("generations", generations, 0),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{arg}={value!r} must be an int >= {low}")
+    for arg, value in (("parent_ratio", parent_ratio), ("mutation_ratio", mutation_ratio)):
+        if not 0.0 < value < 1.0:
+            raise ConfigError(f"{arg}={value!r} must be in (0, 1)")
+    if parent_ratio + mutation_ratio > 1.0:
+        raise ConfigError(f"parent_ratio + mutation_ratio = {parent_ratio + mutation_ratio!r} must be <= 1")
+    if not 0.0 <= mutate_prob <= 1.0:
+        raise ConfigError(f"mutate_prob={mutate_prob!r} must be in [0, 1]")
+
+
+def _cost_function(cost: str | CostFn, model: nn.Module, example_input: Any) -> CostFn:
+    """``cfg -> cost`` for :func:`search`'s ``cost``: a :class:`FlopsModel` for ``"flops"``, or the callable."""
+    if cost == "flops":
+        if example_input is None:
+            raise ConfigError('cost="flops" needs example_input= (one input of batch 1, as the model takes it)')
+        return FlopsModel(model, example_input)
+    if callable(cost):
+        return cost
+    raise ConfigError(f'cost={cost!r} must be "flops" or a callable cfg -> cost')
+
+
+def _evolve(
+    space: Any,
+    batch_accuracy: Callable[[list[SubnetConfig]], list[float]],
+    cost: CostFn,
+    constraints: list[float],
+    *,
+    population: int,
+    generations: int,
+    parent_ratio: float,
+    mutation_ratio: float,
+    mutate_prob: float,
+    rng: random.Random,
+    progress: bool | None,
+) -> dict[SubnetConfig, float]:
+    """Phase 2 of :func:`search`: one evolution per cost constraint. Returns the best ``parent_ratio`` of each final
+    population with its accuracy, plus the smallest and largest subnet (accuracy NaN: not scored yet)."""
+    found: dict[SubnetConfig, float] = {space.min(): math.nan, space.max(): math.nan}
+    bar = Progress(len(constraints), "search: evolution", enabled=progress)
+    for limit in constraints:
+        final = evolution(
+            space,
+            batch_accuracy,
+            cost,
+            limit,
+            population=population,
+            generations=generations,
+            parent_ratio=parent_ratio,
+            mutation_ratio=mutation_ratio,
+            mutate_prob=mutate_prob,
+            rng=rng,
+        )
+        for cfg, acc in final[: max(1, int(round(population * parent_ratio)))]:
+            found.setdefault(cfg, acc)
+        bar.update()
+    bar.close()
+    return found
