@@ -1,6 +1,6 @@
 """The ``subnetact`` console command: ``subnetact demo`` and ``subnetact profile``.
 
-    subnetact demo [--duration 8] [--slo-ms ...] [--rate ...] [--out subnetact-demo]
+    subnetact demo [--duration 3] [--trials 3] [--slo-ms ...] [--rate ...] [--out subnetact-demo]
     subnetact profile [CHECKPOINT --factory torchvision.models:resnet50 --input-shape 3,224,224] --out profile.json
 
 ``python -m subnetact ...`` is the same.
@@ -42,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
         "the live scheduler with each policy, and print SLO attainment, accuracy against the labels, latency and "
         "throughput.",
     )
-    demo.add_argument("--duration", type=float, default=8.0, help="seconds of trace per policy (default 8)")
+    demo.add_argument("--duration", type=float, default=3.0, help="seconds of each trial's trace (default 3)")
+    demo.add_argument("--trials", type=int, default=3, help="traces replayed per policy, for error bars (default 3)")
     demo.add_argument("--rate", type=float, default=None, help="mean requests/s (default: from the profile)")
     demo.add_argument("--load", type=float, default=None, help="instead of --rate: x the top subnet's b16 throughput")
     demo.add_argument("--cv2", type=float, default=8.0, help="burstiness of the trace (default 8)")
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", type=Path, default=Path("subnetact-demo"), help="output folder")
-    demo.add_argument("--no-plot", action="store_true", help="do not write dynamics.png")
+    demo.add_argument("--no-plot", action="store_true", help="do not write dynamics.png and frontier.png")
 
     prof = sub.add_parser(
         "profile",
@@ -119,6 +120,7 @@ def _demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         out_dir=args.out,
         plot=not args.no_plot,
+        trials=args.trials,
     )
     return 0
 
