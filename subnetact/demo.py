@@ -477,7 +477,10 @@ def _run_policy(
 
         return callback
 
-    sched = Scheduler(policy, [infer] * workers, record_timeline=True, latency_model=latency_model)
+    # No model given: the Scheduler's default, so each policy runs as users get it (one that wants a latency model
+    # gets one).
+    options = {} if latency_model is None else {"latency_model": latency_model}
+    sched = Scheduler(policy, [infer] * workers, record_timeline=True, **options)
     futures = []
     t0 = time.monotonic() + 0.05
     try:

@@ -122,6 +122,8 @@ class PlanGuard:
             if status.feasible
             else "NOT READY (/readyz 503)" + (", probing until it is" if self.adaptive else "")
         )
+        if math.isnan(status.fastest_s):
+            return f"plan: {what}; the backend does not report a planned latency: {verdict}"
         return (
             f"plan: {what}; fastest planned latency {1e3 * status.fastest_s:.2f} ms vs deadline budget "
             f"{1e3 * self.budget_s:g} ms (ready at <= 1/{HEADROOM:g} of it): {verdict}"

@@ -186,3 +186,15 @@ def test_plan_guard_rejects_a_bad_interval():
             LocalBackend(_runner(profile), profile, latency_model="yes")
     finally:
         backend.scheduler.close(drain=False)
+
+
+def test_a_backend_that_reports_no_plan_is_never_found_infeasible():
+    class Opaque:  # e.g. a framework batcher behind the front end: no fastest_latency_s, no latency model
+        profile = None
+
+    guard = PlanGuard(Opaque(), budget_s=0.1, input_shape=(2,))
+    status = guard.check()
+    assert status.feasible and math.isnan(status.fastest_s) and status.reason is None and not guard.adaptive
+    assert (
+        guard.describe(status) == "plan: Opaque; static profile; the backend does not report a planned latency: ready"
+    )
