@@ -142,6 +142,12 @@ def convert(
             except BaseException:
                 rollback(model, replaced)
                 raise
+        if plan.check is not None:  # an adapter's own convert-time check (decoders: on a tiny input it builds)
+            try:
+                plan.check(model)
+            except BaseException:
+                rollback(model, replaced)
+                raise
         if example_inputs is not None and call is not None:
             state_of(model).example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
     if weight_cache_mb is not None:

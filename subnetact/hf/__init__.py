@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
 from .adapter import active_heads, active_neurons, register_family
+from .decoder_reorder import DecoderReorderResult, reorder_decoder
+from .decoders import GEMMA, GEMMA2, GPT2, LLAMA, MISTRAL, OPT, PHI3, QWEN2, QWEN3, DecoderFamily, register_decoder
 from .families import (
     BERT,
     CLIP,
@@ -65,14 +67,27 @@ __all__ = [
     "DEIT",
     "DISTILBERT",
     "ELECTRA",
+    "GEMMA",
+    "GEMMA2",
+    "GPT2",
+    "LLAMA",
+    "MISTRAL",
+    "OPT",
+    "PHI3",
+    "QWEN2",
+    "QWEN3",
     "ROBERTA",
     "VIT",
     "WAV2VEC2",
     "XLM_ROBERTA",
+    "DecoderFamily",
+    "DecoderReorderResult",
     "ReorderResult",
     "TransformerFamily",
     "active_heads",
     "active_neurons",
+    "register_decoder",
     "register_family",
     "reorder",
+    "reorder_decoder",
 ]

@@ -62,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
     sched.add_argument(
         "--latency-stat",
-        default="mean",
+        default=None,
         choices=["mean", "p99"],
-        help="what the policy plans with (p99: with the latency model, including the live spread of batch times)",
+        help="what the policy plans with (default: the policy's own: p99 for slackfit, mean for the baselines; p99 "
+        "with the latency model includes the live spread of batch times)",
     )
     sched.add_argument(
         "--static-profile",
