@@ -4,7 +4,8 @@ resnet50 <= 1 s; the largest torchvision model <= 5 s).
 Per model: median convert seconds over ``--reps`` (convert, then ``unconvert``, on the same model), and the median of
 a plain forward of the original on the example input convert picked (batch 1, the smallest size the model takes), at
 the thread count convert runs its forwards with (one). ``convert / forward`` says how many forwards convert costs:
-the trace's (which is also the original's reference output), the largest subnet's and the smallest subnet's.
+the trace's (which is also the original's reference output), the largest subnet's, and since issue 21 the smallest
+and one random subnet's, each also exported (a copy of its weights) and run as the export.
 
     python benchmarks/bench_convert.py --models resnet50 regnet_y_128gf vit_h_14 --reps 3
 """

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MODULES = [
     ("subnetact", "The core: convert, actuate, calibrate, export, save/load, profile."),
     ("subnetact.search", "Pareto search: FLOPs model, accuracy predictor, evolution."),
-    ("subnetact.train", "Supernet training: sandwich rule with in-place distillation."),
+    ("subnetact.train", "Supernet training: distillation from the original model, schedules, torchrun, checkpoints."),
     ("subnetact.digits", "The embedded digits supernet used by `subnetact demo`."),
     ("subnetact.serving", "Serving over HTTP: the ASGI front end, its backend, the model runner (extra `serve`)."),
     ("scheduling", "The scheduler: profiles, policies, live scheduler, simulator, traces, metrics."),

@@ -28,7 +28,7 @@ from .trace import sliceable_kind
 from .verify import (
     MODE_SENSITIVE,
     check_largest,
-    check_smallest,
+    check_subnets,
     detached_copy,
     example_call,
     one_thread,
@@ -73,9 +73,14 @@ def convert(
     its own class that adds ``actuate``, ``space``, ``active``, ``export`` and ``forward(..., subnet=cfg)``. Residual
     streams are not sliced.
 
+    Layers whose weights, buffers or sizes code outside them reads (``F.linear(x, self.fc1.weight)``,
+    ``self.conv1.out_channels``) or that recompute their weight (weight norm) keep their full width.
+
     Before returning, the converted model runs the example input at its largest subnet, whose output must equal the
-    original model's bit for bit, and at its smallest, whose outputs must have the original's shapes. Everything is
-    validated first and any failure undoes the conversion: on error the model is left exactly as it was.
+    original model's bit for bit, and at its smallest and one random (seeded) subnet, whose outputs must have the
+    original's shapes and equal their own :func:`~subnetact.export` (bit for bit, or within float rounding where the
+    kernels differ). Everything is validated first and any failure undoes the conversion: on error the model is left
+    exactly as it was.
 
     Args:
         model: the model to convert.
@@ -96,8 +101,9 @@ def convert(
 
     Raises:
         UnsupportedModelError: nothing in the model can be made elastic (the message says why for the largest
-            channel groups: the module path and the operation that blocks them), the converted model fails the check
-            above, or the model is already converted.
+            channel groups: the module path and the operation that blocks them, e.g. "'fc1.weight' is read outside
+            'fc1' at 'head' (linear)"), the converted model fails the checks above, or the model is already
+            converted.
         ConfigError: ``config``, ``example_inputs`` or ``weight_cache_mb`` is not valid.
 
     Example::
@@ -132,7 +138,13 @@ def convert(
                     reference = plain_output(model, call)
                     replaced = apply_conversion(model, plan, config)
                 check_largest(model, largest, reference)
-                check_smallest(model, call, reference)
+                check_subnets(model, call, reference)
+            except BaseException:
+                rollback(model, replaced)
+                raise
+        if plan.check is not None:  # an adapter's own convert-time check (decoders: on a tiny input it builds)
+            try:
+                plan.check(model)
             except BaseException:
                 rollback(model, replaced)
                 raise
@@ -356,6 +368,10 @@ def _find_stages(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] |
         if filter_fn is not None and not filter_fn(module, path):
             continue
         blocks = [(f"{path}.{name}", child, rule(child)) for (name, child), rule in zip(children, rules)]
+        if any(spec is None for _, _, spec in blocks):
+            # A rule declined its block (a ResNet with FrozenBatchNorm2d): the whole stage goes to the trace, whose
+            # conversion is verified like every other.
+            continue
         for block_path, _, spec in blocks:
             if not isinstance(spec, BlockSpec):
                 raise UnsupportedModelError(

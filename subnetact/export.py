@@ -32,6 +32,11 @@ def export(model: nn.Module, config: SubnetConfig | Mapping[str, Sequence[float]
             raise InvalidSubnetError(f"config={config!r} must be a SubnetConfig or a mapping of dimension -> values")
         config = SubnetConfig.from_dict(config)  # the dict form actuate() accepts
     plan = state.default if config is None else state.plan_for(config)
+    return export_plan(model, plan)
+
+
+def export_plan(model: nn.Module, plan: Plan) -> nn.Module:
+    """:func:`export` of a compiled plan (``convert``'s check compiles its plans without caching them)."""
     base = type(model)._subnetact_base
     dense = _rebuild(model, plan, root_class=base)
     hook = _EXPORT_HOOKS.lookup(base)
@@ -68,9 +73,10 @@ def _rebuild(module: nn.Module, plan: Plan, root_class: type | None = None) -> n
     for name in _HOOK_TABLES:
         if name in module.__dict__:
             new.__dict__[name] = copy.copy(module.__dict__[name])
-    # Fresh containers (the shallow copy above shares them) and independent tensors.
-    new._parameters = {name: cloned_parameter(p) for name, p in module._parameters.items()}
-    new._buffers = {name: None if b is None else b.detach().clone() for name, b in module._buffers.items()}
-    new._non_persistent_buffers_set = set(module._non_persistent_buffers_set)
-    new._modules = {name: None if m is None else _rebuild(m, plan) for name, m in module._modules.items()}
+    # Fresh containers (the shallow copy above shares them) and independent tensors; written to ``__dict__``
+    # directly (nn.Module.__setattr__ is slow and these are plain dicts).
+    new.__dict__["_parameters"] = {name: cloned_parameter(p) for name, p in module._parameters.items()}
+    new.__dict__["_buffers"] = {name: None if b is None else b.detach().clone() for name, b in module._buffers.items()}
+    new.__dict__["_non_persistent_buffers_set"] = set(module._non_persistent_buffers_set)
+    new.__dict__["_modules"] = {name: None if m is None else _rebuild(m, plan) for name, m in module._modules.items()}
     return new

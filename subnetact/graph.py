@@ -110,7 +110,7 @@ def analyse_trace(
         if covered(path):
             continue
         module = modules[path]
-        layout = head_layout(module)
+        layout = trace.outside.get(path) or head_layout(module)
         if isinstance(layout, str):
             blocked.append((0, f"heads of {path!r}: {layout}"))
             continue
@@ -123,6 +123,7 @@ def analyse_trace(
         sizes = width_sizes(n_heads * head_dim, width_choices, head_dim)
         groups.append(ChannelGroup("width", len(width_names) - 1, n_heads * head_dim, sizes))
 
+    blocked += [(size, f"{size} channels of {path!r}: {why}") for path, (size, why) in trace.unsliced.items()]
     stages, depth = [], []
     for path, start, end in _stages(model, trace, modules, covered, filter_fn):
         whole = start == 0 and end == len(modules[path]._modules)

@@ -47,10 +47,29 @@ _MULTIPLICATIVE = frozenset(
 _POOL = frozenset(
     "adaptive_avg_pool2d avg_pool2d max_pool2d adaptive_max_pool2d max_pool2d_with_indices lp_pool2d".split()
 )
+# Resample the spatial dimensions of (N, C, ...) inputs, channel by channel.
+_RESAMPLE = frozenset("interpolate upsample upsample_nearest upsample_bilinear".split())
 _REDUCE = frozenset("mean sum amax amin std var".split())
 _RESHAPE = frozenset("flatten view reshape squeeze unsqueeze".split())
 _ALONG_DIM = frozenset("softmax log_softmax".split())
 _SHAPE_QUERIES = frozenset("size dim numel __get__ is_contiguous __len__ stride data_ptr element_size".split())
+#: Tensor methods and properties that read neither the values nor the sizes of a weight (Hugging Face's
+#: ``model.dtype`` calls ``is_floating_point`` on the first parameter): reading them outside the layer is harmless.
+_METADATA = frozenset(
+    """dtype device requires_grad is_leaf is_cuda layout grad grad_fn is_floating_point is_complex element_size
+    data_ptr get_device is_sparse is_quantized is_meta itemsize ndim dim is_contiguous _version""".split()
+)
+#: Attributes holding a size that changes when convert slices the layer: Python code outside the layer that reads
+#: one (``(8 / self.conv1.out_channels) ** .5``) would use the full size in the supernet and the narrow one in its
+#: export.
+_SIZE_ATTRIBUTES = {
+    "conv": ("in_channels", "out_channels"),
+    "linear": ("in_features", "out_features"),
+    "norm": ("num_features",),
+    "layernorm": ("normalized_shape",),
+    "groupnorm": ("num_channels", "num_groups"),
+    "attention": ("num_heads",),
+}
 
 
 class _Groups:
@@ -127,6 +146,10 @@ class ChannelTrace:
     producers: dict[int, tuple[str, tuple[int | None, ...]]]  # value id -> (op name, input value ids)
     output: Any
     attentions: dict[str, int] = field(default_factory=dict)  # attention module path -> calls (heads sliceable)
+    # layer path -> how code outside the layer reads its weights or sizes (the layer must keep its full width)
+    outside: dict[str, str] = field(default_factory=dict)
+    # layer path -> (channels, why) for conv/linear layers of a type convert cannot slice (Conv1d, parametrized)
+    unsliced: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 #: BatchNorm2d subclasses whose forward is BatchNorm2d's followed by their ``drop`` and ``act`` modules (by qualified
@@ -176,10 +199,57 @@ _OPAQUE_LEAVES = (
 _FUSED_FAST_PATH = (nn.TransformerEncoderLayer,)
 
 
+def _watched_class(cls: type, names: tuple[str, ...]) -> type:
+    """A subclass of ``cls`` whose attributes ``names`` report each read to the instance's ``_subnetact_watch``
+    callback (if set) and otherwise behave as plain instance attributes. Cached per ``(cls, names)``."""
+    key = (cls, names)
+    sub = _WATCHED_CLASSES.get(key)
+    if sub is None:
+
+        def watched(name: str) -> property:
+            def get(self: nn.Module) -> Any:
+                watch = self.__dict__.get("_subnetact_watch")
+                if watch is not None:
+                    watch(self, name)
+                return self.__dict__[name]
+
+            def put(self: nn.Module, value: Any) -> None:
+                self.__dict__[name] = value
+
+            return property(get, put)
+
+        body: dict[str, Any] = {name: watched(name) for name in names}
+        body.update(__module__=cls.__module__, __qualname__=cls.__qualname__)
+        sub = _WATCHED_CLASSES[key] = type(cls.__name__, (cls,), body)
+    return sub
+
+
+_WATCHED_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
+
+
 class _Recorder(TorchFunctionMode):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.paths = {id(m): name for name, m in model.named_modules()}
+        # Classified before the trace swaps classes (see ``watch``): id(module) -> sliceable kind / attention flag.
+        self.kinds = {id(m): sliceable_kind(m) for m in model.modules()}
+        self.attention_ids = {id(m) for m in model.modules() if is_attention(m)}
+        # id(parameter or buffer) -> (its name, the path of the sliceable layer or attention holding it)
+        self.owned: dict[int, tuple[str, str]] = {}
+        for path, m in model.named_modules():
+            if self.kinds[id(m)] is not None or id(m) in self.attention_ids:
+                for name, t in [*m.named_parameters(), *m.named_buffers()]:
+                    self.owned.setdefault(id(t), (f"{path}.{name}" if path else name, path))
+        self.outside: dict[str, str] = {}
+        for path, m in model.named_modules():
+            if any(type(h).__name__ == "WeightNorm" for h in m._forward_pre_hooks.values()):
+                self.outside[path] = (
+                    f"{path or '<root>'!r} recomputes its weight on every call (torch.nn.utils.weight_norm), so its "
+                    "sliced weight would not be read; call torch.nn.utils.remove_weight_norm on it before convert"
+                )
+        # layer path -> (channels, why it cannot be sliced) for conv/linear layers of a type convert does not slice
+        self.unsliced: dict[str, tuple[int, str]] = {}
+        self._in_hook = False
         self.groups = _Groups()
         self.layers: dict[str, LayerUse] = {}
         self.calls: list[ModuleCall] = []
@@ -221,11 +291,74 @@ class _Recorder(TorchFunctionMode):
                 if g is not None:
                     self.groups.freeze(g, reason)
 
+    # -- reads of a layer's weights or sizes outside the layer --
+    def read_outside(self, path: str, what: str, operation: str) -> None:
+        """Code outside the layer at ``path`` read ``what`` (one of its parameters or size attributes)."""
+        if path not in self.outside:
+            self.outside[path] = f"{what!r} is read outside {path or '<root>'!r} at {self.where!r} ({operation})"
+
+    def watch(self, module: nn.Module, name: str) -> None:
+        """The ``_subnetact_watch`` callback of a watched layer (see :func:`_watched_class`)."""
+        if self._leaf_depth == 0 and not self._in_hook:  # inside a leaf: the layer's own forward (or its owner's)
+            path = self.paths.get(id(module), "?")
+            self.read_outside(path, f"{path}.{name}" if path else name, "a Python read of its size")
+
+    def start_watching(self, model: nn.Module) -> list[tuple[nn.Module, type]]:
+        """Swap each sliceable layer's class for a watched subclass (see :func:`_watched_class`); returns what
+        :meth:`stop_watching` restores."""
+        swapped = []
+        for m in model.modules():
+            kind = "attention" if id(m) in self.attention_ids else self.kinds[id(m)]
+            names = tuple(n for n in _SIZE_ATTRIBUTES.get(kind, ()) if n in m.__dict__)
+            if names:
+                swapped.append((m, type(m)))
+                m.__class__ = _watched_class(type(m), names)
+                m.__dict__["_subnetact_watch"] = self.watch
+        return swapped
+
+    @staticmethod
+    def stop_watching(swapped: list[tuple[nn.Module, type]]) -> None:
+        for m, cls in swapped:
+            m.__class__ = cls
+            m.__dict__.pop("_subnetact_watch", None)
+
+    def params_read(self, name: str, func: Any, args: tuple, kwargs: dict) -> None:
+        """Record every weight of a sliceable layer that ``func`` reads (the trace only sees reads outside leaves)."""
+        if name == "__get__":
+            name = getattr(getattr(func, "__self__", None), "__name__", name)  # the property: shape, data, T, ...
+        if name in _METADATA:
+            return
+        owned = self.owned
+        for a in (*args, *kwargs.values()):
+            # Most calls take tensors (or a list of them, for cat) directly: a flat scan, not _tensors' recursion.
+            for t in a if isinstance(a, (list, tuple)) else (a,):
+                owner = owned.get(id(t)) if isinstance(t, torch.Tensor) else None
+                if owner is not None:
+                    self.read_outside(owner[1], owner[0], name)
+
     # -- module hooks --
     def pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._in_hook = True
+        try:
+            self._pre_hook(module, args, kwargs)
+        finally:
+            self._in_hook = False
+
+    def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        self._in_hook = True
+        try:
+            self._post_hook(module, args, kwargs, output)
+        finally:
+            self._in_hook = False
+
+    def _pre_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         path = self.paths.get(id(module), "?")
         self.call_counts[path] = self.call_counts.get(path, 0) + 1
-        if self._leaf_depth or isinstance(module, (*_OPAQUE_LEAVES, *_FUSED_FAST_PATH)) or is_attention(module):
+        if (
+            self._leaf_depth
+            or isinstance(module, (*_OPAQUE_LEAVES, *_FUSED_FAST_PATH))
+            or id(module) in self.attention_ids
+        ):
             if self._leaf_depth == 0:
                 # A leaf runs outside the mode, as in a plain forward: some leaves pick their kernels by whether a
                 # mode is active (nn.MultiheadAttention's and nn.TransformerEncoderLayer's fused fast paths), and
@@ -239,7 +372,7 @@ class _Recorder(TorchFunctionMode):
         self.calls.append(call)
         self._stack.append((module, call))
 
-    def post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _post_hook(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         _, call = self._stack.pop()
         if call is None:
             self._leaf_depth -= 1
@@ -266,10 +399,10 @@ class _Recorder(TorchFunctionMode):
     # -- leaves --
     def leaf(self, module: nn.Module, inputs: list[torch.Tensor], output: Any) -> None:
         path = self.paths.get(id(module), "?")
-        kind = sliceable_kind(module)
+        kind = self.kinds.get(id(module))
         outs = list(iter_tensors(output))
         in_keys = tuple(self.key(t) for t in inputs)
-        if is_attention(module):
+        if id(module) in self.attention_ids:
             # Its heads are its own channel group (subnetact.attention); it reads and writes the stream whole.
             self.attentions[path] = self.attentions.get(path, 0) + 1
             self.freeze_all(inputs, f"{type(module).__name__} at {path!r} reads them whole (it slices its heads)")
@@ -280,6 +413,18 @@ class _Recorder(TorchFunctionMode):
             reason = f"{type(module).__name__} at {path!r} is not a layer convert can slice"
             if isinstance(module, _FUSED_FAST_PATH):
                 reason += " (in inference its fast path runs one fused kernel on its layers' full weights)"
+            elif isinstance(module, (nn.modules.conv._ConvNd, nn.Linear)) and outs and outs[0].dim():
+                parametrizations = getattr(module, "parametrizations", None)
+                if parametrizations is not None:
+                    kinds = sorted({type(p).__name__ for plist in parametrizations.values() for p in plist})
+                    reason += (
+                        f" (its {', '.join(map(repr, parametrizations))} is computed by a parametrization: "
+                        f"{', '.join(kinds)}; torch.nn.utils.parametrize.remove_parametrizations first)"
+                    )
+                else:
+                    reason += " (convert slices nn.Conv2d and nn.Linear layers)"
+                channel = -1 if isinstance(module, nn.Linear) else 1
+                self.unsliced.setdefault(path, (outs[0].shape[channel], reason))
             self.freeze_all(inputs, reason)
             for t in outs:
                 self.bind(t, (None,) * t.dim(), type(module).__name__, in_keys)
@@ -338,6 +483,8 @@ class _Recorder(TorchFunctionMode):
         out = func(*args, **kwargs)
         if self._leaf_depth == 0:
             name = getattr(func, "__name__", "?")
+            if self.owned and not self._in_hook:
+                self.params_read(name, func, args, kwargs)
             if name not in _SHAPE_QUERIES:
                 self.function(name, args, kwargs, out)
         return out
@@ -358,6 +505,8 @@ class _Recorder(TorchFunctionMode):
                 dims = self.elementwise(name in _ADDITIVE, args, outs[0], where)
             elif name in _POOL and first.dim() == 4:
                 dims = (*self.dims(first)[:2], None, None)
+            elif name in _RESAMPLE and first.dim() >= 3:
+                dims = (*self.dims(first)[:2], *(None,) * (first.dim() - 2))
             elif name in _REDUCE:
                 dims = self.reduce(first, args, kwargs, outs[0], where)
             elif name in _RESHAPE or name == "expand":
@@ -506,6 +655,7 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
     for module in model.modules():
         handles.append(module.register_forward_pre_hook(recorder.pre_hook, with_kwargs=True))
         handles.append(module.register_forward_hook(recorder.post_hook, with_kwargs=True))
+    swapped = recorder.start_watching(model)
     try:
         with torch.no_grad(), recorder:
             try:
@@ -513,12 +663,22 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
             finally:
                 recorder.mode_on()  # a leaf that raised left the mode off; ``with`` pops it again
     finally:
+        recorder.stop_watching(swapped)
         for h in handles:
             h.remove()
     for t in iter_tensors(output):
         for g in recorder.dims(t):
             if g is not None:
                 recorder.groups.freeze(g, "they reach the model's output")
+    # A layer whose weights or sizes other code reads keeps its full width: the supernet would run that code on the
+    # full layer while an export of a narrower subnet runs it on the narrow one (a tied decoder, F.linear(x,
+    # self.fc1.weight), a scale computed from self.conv1.out_channels).
+    for path, reason in recorder.outside.items():
+        use = recorder.layers.get(path)
+        for g in [] if use is None else use.outs + use.ins:
+            # This reason wins over an earlier one: it is the cause (the tensor read outside is what the earlier
+            # operation found unsliced).
+            recorder.groups.frozen[recorder.groups.find(g)] = reason
     return ChannelTrace(
         recorder.groups,
         recorder.layers,
@@ -527,6 +687,8 @@ def trace_channels(model: nn.Module, args: tuple, kwargs: dict) -> ChannelTrace:
         recorder.producers,
         output,
         recorder.attentions,
+        recorder.outside,
+        recorder.unsliced,
     )
 
 

@@ -18,7 +18,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from ..state import converted_state
 from .families import LayerParts, TransformerFamily, all_layer_parts, family_of
 
-SCORES = ("taylor", "l1")
+SCORES = ("taylor", "l1", "activation")
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,19 @@ def reorder(
       (batches carrying ``labels``).
     - ``"l1"`` (data-free, ``batches`` not needed; OFA's ``re_organize_middle_weights``): the L1 norm of the
       weights that consume the head or neuron (the output projection's columns of the head, ``fc2``'s column).
+    - ``"activation"`` (needs ``batches`` but no loss or labels; Minitron's activation-based importance, measured
+      where the unit enters the residual stream): the L2 norm, over the batches' tokens, of what the head adds to
+      the output projection's output (``x_h W_o[:, h]^T``) or the neuron adds to ``fc2``'s output
+      (``a_j W2[:, j]``). Padding tokens are left out where a batch is a mapping with an ``attention_mask``. This
+      is the score to use when distilling from the model itself on unlabelled data, where the Taylor score of a
+      distillation loss is zero (the student starts equal to its teacher).
 
     Args:
         model: a BERT, RoBERTa or ViT model (base or classification), converted or not.
         batches: model inputs: mappings (``model(**batch)``), tuples (``model(*batch)``) or tensors
             (``model(batch)``), e.g. ``{"input_ids": (B, T), "attention_mask": (B, T), "labels": (B,)}``. Run in eval
             mode (no dropout) with gradients enabled.
-        score: ``"taylor"`` or ``"l1"``.
+        score: ``"taylor"``, ``"l1"`` or ``"activation"``.
         loss_fn: ``(outputs, batch) -> scalar loss``; default ``outputs.loss``.
 
     Returns:
@@ -100,8 +106,11 @@ def reorder(
         ffn_scores = [p.fc2.weight.detach().abs().sum(dim=0) for p in parts]
     else:
         if batches is None:
-            raise ConfigError("batches=None: score='taylor' needs data (or use score='l1', which needs none)")
-        head_scores, ffn_scores = _taylor(model, family, parts, batches, loss_fn)
+            raise ConfigError(f"batches=None: score={score!r} needs data (or use score='l1', which needs none)")
+        if score == "activation":
+            head_scores, ffn_scores = _activation(model, parts, batches)
+        else:
+            head_scores, ffn_scores = _taylor(model, family, parts, batches, loss_fn)
 
     # Phase 2: permute (everything above only read the model).
     head_order = [torch.argsort(s, descending=True, stable=True) for s in head_scores]
@@ -208,3 +217,70 @@ def _taylor(
     if count == 0:
         raise ConfigError("batches is empty: score='taylor' needs at least one batch")
     return head_scores, ffn_scores
+
+
+def _run(model: nn.Module, batch: Any, extra: dict[str, Any]) -> Any:
+    if isinstance(batch, Mapping):
+        return model(**batch, **extra)
+    if isinstance(batch, (tuple, list)):
+        return model(*batch, **extra)
+    return model(batch, **extra)
+
+
+@torch.no_grad()
+def _activation(
+    model: nn.Module, parts: list[LayerParts], batches: Iterable[Any]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    device = parts[0].query.weight.device
+    head_sq = [torch.zeros(p.heads, device=device, dtype=torch.float64) for p in parts]
+    ffn_sq = [torch.zeros(p.ffn, device=device, dtype=torch.float64) for p in parts]
+    token_mask: list[torch.Tensor | None] = [None]  # (B, T) of the batch running now, or None
+
+    def masked(x: torch.Tensor) -> torch.Tensor:  # (B, T, F) -> (tokens, F), padding dropped
+        mask = token_mask[0]
+        if mask is not None and mask.shape == x.shape[:2]:
+            return x[mask.to(x.device).bool()]
+        return x.reshape(-1, x.shape[-1])
+
+    def head_hook(i: int, p: LayerParts):
+        def hook(module, args):
+            x = masked(args[0]).double()  # (tokens, H * d): the heads' outputs, concatenated
+            w = module.weight.detach().double().view(-1, p.heads, p.head_size)  # (hidden, H, d)
+            # ||x_h W_h^T||^2 summed over tokens = sum over (d, d') of (x_h^T x_h) * (W_h^T W_h): no (tokens, hidden)
+            # tensor per head is built.
+            xh = x.view(-1, p.heads, p.head_size)
+            gram_x = torch.einsum("thd,the->hde", xh, xh)
+            gram_w = torch.einsum("ohd,ohe->hde", w, w)
+            head_sq[i] += (gram_x * gram_w).sum(dim=(1, 2))
+
+        return hook
+
+    def ffn_hook(i: int):
+        def hook(module, args):
+            a = masked(args[0]).double()  # (tokens, I): the neurons' activations
+            ffn_sq[i] += a.square().sum(0) * module.weight.detach().double().square().sum(0)
+
+        return hook
+
+    converted = getattr(model, "_subnetact", None)
+    extra = {} if converted is None else {"subnet": converted.max_config}
+    training = {m: m.training for m in model.modules()}
+    handles = []
+    count = 0
+    try:
+        model.eval()
+        for i, p in enumerate(parts):
+            handles.append(p.out.register_forward_pre_hook(head_hook(i, p)))
+            handles.append(p.fc2.register_forward_pre_hook(ffn_hook(i)))
+        for batch in batches:
+            token_mask[0] = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+            _run(model, batch, extra)
+            count += 1
+    finally:
+        for h in handles:
+            h.remove()
+        for m, flag in training.items():
+            m.training = flag
+    if count == 0:
+        raise ConfigError("batches is empty: score='activation' needs at least one batch")
+    return [s.sqrt() for s in head_sq], [s.sqrt() for s in ffn_sq]

@@ -21,7 +21,7 @@ def labelled(name: str, n: int = 2) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", ["bert", "roberta", "vit"])
-@pytest.mark.parametrize("score", ["taylor", "l1"])
+@pytest.mark.parametrize("score", ["taylor", "l1", "activation"])
 @pytest.mark.parametrize("convert_first", [False, True])
 def test_full_model_function_unchanged(name, score, convert_first):
     model = make(name).double()
@@ -55,7 +55,7 @@ def test_fp32_full_width_identical_to_tolerance_and_order_is_by_score():
         torch.testing.assert_close(scores, scores.sort(descending=True).values, atol=1e-6 * scores.max(), rtol=0)
 
 
-@pytest.mark.parametrize("score", ["taylor", "l1"])
+@pytest.mark.parametrize("score", ["taylor", "l1", "activation"])
 def test_small_subnets_keep_the_important_heads_and_neurons(score):
     # Make heads 0-1 and FFN neurons 0-31 of every layer useless (their output weights are zero): before
     # reordering, width 0.5 keeps exactly the useless ones; afterwards, the useful ones.
@@ -84,7 +84,7 @@ def test_small_subnets_keep_the_important_heads_and_neurons(score):
 def test_invalid_arguments_leave_the_model_unchanged():
     model = make("bert")
     state = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(ValueError, match=r"score='grad' is not one of \('taylor', 'l1'\)"):
+    with pytest.raises(ValueError, match=r"score='grad' is not one of \('taylor', 'l1', 'activation'\)"):
         subnetact.reorder(model, labelled("bert"), score="grad")
     with pytest.raises(ValueError, match="batches=None: score='taylor' needs data"):
         subnetact.reorder(model)
@@ -109,3 +109,37 @@ def test_custom_loss_and_unlabelled_data():
     x = inputs("bert", mask="none")
     with torch.no_grad():
         torch.testing.assert_close(model(**x).last_hidden_state, reference(**x).last_hidden_state, atol=1e-5, rtol=0)
+
+
+def test_activation_score_is_each_units_contribution_norm():
+    # Independent reference: capture the inputs of the output projection and of fc2, then compute by hand the L2 norm
+    # (over the non-padding tokens) of what each head / neuron adds to the layer's output.
+    torch.manual_seed(0)
+    model = make("bert").double()
+    batches = [inputs("bert", batch=3, seq=10, seed=20 + s) for s in range(2)]
+    captured: dict[str, list[torch.Tensor]] = {"out": [], "fc2": []}
+    layer = model.bert.encoder.layer[1]
+    hooks = [
+        layer.attention.output.dense.register_forward_pre_hook(lambda m, a: captured["out"].append(a[0].detach())),
+        layer.output.dense.register_forward_pre_hook(lambda m, a: captured["fc2"].append(a[0].detach())),
+    ]
+    with torch.no_grad():
+        for b in batches:
+            model(**b)
+    for h in hooks:
+        h.remove()
+    d = 48 // HEADS
+    w_out, w2 = layer.attention.output.dense.weight.detach(), layer.output.dense.weight.detach()
+    head_ref, ffn_ref = torch.zeros(HEADS, dtype=torch.float64), torch.zeros(64, dtype=torch.float64)
+    for b, x, a in zip(batches, captured["out"], captured["fc2"]):
+        keep = b["attention_mask"].bool()
+        for h in range(HEADS):
+            contribution = x[keep][:, h * d : (h + 1) * d] @ w_out[:, h * d : (h + 1) * d].T  # (tokens, hidden)
+            head_ref[h] += contribution.square().sum()
+        for j in range(64):
+            ffn_ref[j] += torch.outer(a[keep][:, j], w2[:, j]).square().sum()
+    result = subnetact.reorder(model, batches, score="activation")
+    torch.testing.assert_close(result.head_importance[1], head_ref.sqrt(), rtol=1e-9, atol=0)
+    torch.testing.assert_close(result.ffn_importance[1], ffn_ref.sqrt(), rtol=1e-9, atol=0)
+    with pytest.raises(ValueError, match="score='activation' needs data"):
+        subnetact.reorder(model, score="activation")

@@ -1,4 +1,4 @@
-"""Supernet training: the sandwich rule with in-place distillation, then calibration of the served set.
+"""Supervised supernet training: the sandwich rule with in-place distillation, then calibration of the served set.
 
 This is how a converted model becomes a trained supernet (the recipe of slimmable networks / BigNAS, also used by
 once-for-all's elastic stages): every step trains the largest subnet on the labels, and the smallest and a few random
@@ -27,10 +27,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .calibrate import calibrate
-from .config import SubnetConfig
-from .errors import ConfigError, UncalibratedSubnetWarning
-from .supernet import state_of
+from ..calibrate import calibrate
+from ..config import SubnetConfig
+from ..errors import ConfigError, UncalibratedSubnetWarning
+from ..supernet import state_of
+from .losses import describe, logits_of
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -106,7 +107,8 @@ def sandwich_step(
     optimiser steps once.
 
     Args:
-        model: a converted model (``subnetact.convert``) whose forward returns logits (N, C).
+        model: a converted model (``subnetact.convert``) whose forward returns logits (N, C), or a mapping with
+            ``"logits"`` (a Hugging Face ``ModelOutput``; ``loss_fn`` gets the logits).
         optimizer: the optimiser over the model's parameters; ``zero_grad`` is called here first.
         inputs: the batch's input: a tensor, or a tuple of positional arguments, or a dict of keyword arguments.
         targets: (N,) class labels, or whatever ``loss_fn`` takes.
@@ -229,10 +231,18 @@ def train_supernet(
 
 def _forward(model: nn.Module, inputs: Any, cfg: SubnetConfig) -> torch.Tensor:
     if isinstance(inputs, dict):
-        return model(**inputs, subnet=cfg)
-    if isinstance(inputs, tuple):
-        return model(*inputs, subnet=cfg)
-    return model(inputs, subnet=cfg)
+        outputs = model(**inputs, subnet=cfg)
+    elif isinstance(inputs, tuple):
+        outputs = model(*inputs, subnet=cfg)
+    else:
+        outputs = model(inputs, subnet=cfg)
+    logits = logits_of(outputs)  # a tensor, or a Hugging Face ModelOutput's .logits
+    if logits is None:
+        raise ConfigError(
+            f"sandwich_step trains on logits, but the model returned {describe(outputs)}; for a model without "
+            "logits (a sentence encoder) use subnetact.train.distill(..., loss='embedding')"
+        )
+    return logits
 
 
 def _space(model: nn.Module):

