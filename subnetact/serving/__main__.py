@@ -33,9 +33,13 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in ``--help``."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m subnetact.serving", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m subnetact.serving", description=__doc__, formatter_class=_HelpFormatter
     )
     model = p.add_argument_group("model")
     model.add_argument("--digits", action="store_true", help="serve the shipped digits supernet")
@@ -58,9 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
     sched.add_argument(
         "--latency-stat",
-        default="mean",
+        default=None,
         choices=["mean", "p99"],
-        help="what the policy plans with (p99: with the latency model, including the live spread of batch times)",
+        help="what the policy plans with (default: the policy's own: p99 for slackfit, mean for the baselines; p99 "
+        "with the latency model includes the live spread of batch times)",
     )
     sched.add_argument(
         "--static-profile",

@@ -80,8 +80,9 @@ class LocalBackend:
             profile, so a profile measured on a busy machine (or another one) converges to this machine's speed
             within a few batches. A ``LatencyModel`` built on ``profile`` uses that one; ``False``: the static
             profile.
-        latency_stat: ``"mean"`` (default) or ``"p99"``: what a policy given by name plans with (with the latency
-            model on, the p99 includes the live spread of the batch times it measures).
+        latency_stat: ``"mean"`` or ``"p99"``: what a policy given by name plans with (with the latency model on, the
+            p99 includes the live spread of the batch times it measures). Default ``None``: the policy's own (p99 for
+            the default SlackFit, the mean for the baselines).
         deadline_grace_s: The scheduler's ``deadline_grace_s``: a request still running on a worker this long past
             its deadline is answered ``DeadlineMissedError`` (HTTP 504) and the worker marked stuck. Default 0.5 s.
 
@@ -98,7 +99,7 @@ class LocalBackend:
         workers: int = 1,
         max_queue: int = 1000,
         latency_model: LatencyModel | bool = True,
-        latency_stat: str = "mean",
+        latency_stat: str | None = None,
         deadline_grace_s: float = 0.5,
     ) -> None:
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
@@ -112,7 +113,7 @@ class LocalBackend:
         self.profile = profile
         self.runner = runner
         self._observe_batch: Callable[[int], None] | None = None
-        self.policy = make_policy(policy, profile, latency_stat=latency_stat)
+        self.policy = make_policy(policy, profile, **({} if latency_stat is None else {"latency_stat": latency_stat}))
         self.latency_model = latency_model
         self.adaptive = latency_model is not None
         self.scheduler = Scheduler(

@@ -132,7 +132,8 @@ class Router:
             (``ray.get_actor(name, namespace=WORKER_NAMESPACE)``).
         app_options: Keyword arguments of :class:`~subnetact.serving.ServingApp` (``default_deadline_ms``...).
         adaptive: Refine the profile from measured batch times with a :class:`scheduling.LatencyModel` (slow workers
-            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``.
+            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``: only for
+            policies that want one (the default SlackFit always plans with one).
         deadline_grace_s: A request still running on a worker this long past its deadline is answered
             ``DeadlineMissedError`` and the worker marked stuck, as in :class:`scheduling.Scheduler`. Default 0.5 s.
     """
@@ -156,6 +157,8 @@ class Router:
         self.policy = make_policy(policy, self.profile)
         # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
         # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
+        # The default SlackFit plans with one (wants_latency_model), as in scheduling.Scheduler's default.
+        adaptive = adaptive or self.policy.wants_latency_model
         self.latency_model = LatencyModel(self.profile, max_ratio=PROFILE_ERROR_LIMIT) if adaptive else None
         self.adaptive = self.latency_model is not None
         if self.latency_model is not None:
@@ -321,6 +324,7 @@ class Router:
                     break
                 now = time.monotonic()
                 w = free[0]
+                policy.set_num_workers(sum(not v.retiring for v in self.workers.values()))  # load-aware policies
                 scale = 1.0 if self.latency_model is None else self.latency_model.slack_scale(w.wid)
                 step = dispatch_step(q, policy, now, scale)  # the same step as scheduling.Scheduler and simulate()
                 for e in step.expired:

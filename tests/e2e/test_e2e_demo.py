@@ -94,7 +94,8 @@ def test_profile_command_writes_a_profile(tmp_path):
     [
         (
             ["demo", "--policies", "fastest"],
-            "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, maxacc, maxbatch, mincost, fixed",
+            "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, slackfit-paper, maxacc, maxbatch, "
+            "mincost, fixed",
         ),
         (["demo", "--duration", "0"], "duration_s=0.0 must be a finite number > 0"),
         (["demo", "--workers", "0"], "workers=0 must be an int >= 1"),
