@@ -164,7 +164,7 @@ def load(
     from safetensors import SafetensorError, safe_open
 
     from .convert import unconvert
-    from .verify import example_call
+    from .examples import example_call
 
     if example_inputs is not None:
         example_call(example_inputs)  # a ConfigError naming the argument, before anything is read
