@@ -16,9 +16,11 @@ The model is multiplicative, in log space::
   identifiable from one worker's samples (a worker that only ever runs one entry could be slow, or that entry could
   be mis-profiled), so the offsets also shrink slowly towards 0: an offset survives only while the data keep asking
   for it, and a common slowdown ends up in the worker factor, which also scales the entries never measured.
-- ``tail`` is each worker's live spread: an online estimate (stochastic quantile, step ``tail_step``) of the 98th
-  percentile of the log ratio measured / estimated. The published **p99** of an entry is the larger of the prior's
-  p99 (scaled like the mean) and the estimated mean times ``exp(tail)`` of the most spread-out worker. This matters on
+- ``tail`` is each worker's live spread: an online estimate of the 98th percentile of the log ratio measured /
+  estimated — over a worker's first 32 batches the empirical quantile minus the median (its spread, whatever its
+  speed), then a stochastic quantile (step ``tail_step``) that follows changes. The published **p99** of an entry is
+  the larger of the prior's p99 (scaled like the mean) and the estimated mean times ``exp(tail)`` of the most
+  spread-out worker. This matters on
   a shared CPU: a descheduled thread (CPU steal) makes a few batches take several times longer while most run at
   profiled speed. The median, and so the worker factor, barely moves, but a policy planning with p99 must see the
   tail or it plans batches that finish late (reproduced in the simulator with an intermittent
@@ -59,6 +61,25 @@ if TYPE_CHECKING:
     from .policies import Policy
 
 __all__ = ["LatencyModel"]
+
+
+_TAIL_WARMUP = 32
+"""Samples per worker during which the tail is the empirical quantile of the surprises seen so far (then the
+stochastic update takes over from there): a stochastic quantile moving by ``tail_step`` needs hundreds of batches to
+reach a tail of 2x, and every batch planned meanwhile at too small a margin can miss (issue 20: the first two seconds
+of intermittent interference)."""
+
+
+class _WorkerState:
+    """One worker's estimates, all in log space."""
+
+    __slots__ = ("factor", "last_t", "tail", "warmup")
+
+    def __init__(self, factor: float, now: float) -> None:
+        self.factor = factor  # log slowdown vs the prior
+        self.last_t = now  # time of its last sample
+        self.tail = 0.0  # log of the tail_quantile of measured / estimated (>= 0)
+        self.warmup: list[float] | None = []  # the first _TAIL_WARMUP surprises, then None
 
 
 def _positive(name: str, value: object, *, upper: float = math.inf) -> float:
@@ -151,7 +172,7 @@ class LatencyModel:
     def reset(self) -> None:
         """Forget everything measured: estimates go back to the prior profile and counters to zero."""
         self._entry: dict[tuple[SubnetId, int], float] = {}
-        self._worker: dict[Hashable, list[float]] = {}  # worker -> [log factor, time of its last sample, log tail]
+        self._worker: dict[Hashable, _WorkerState] = {}
         self._published_tail = 0.0
         self._published_entry: dict[tuple[SubnetId, int], float] = {}
         self._published_base = 0.0
@@ -222,35 +243,48 @@ class LatencyModel:
         state = self._worker.get(worker)
         if state is None:
             # A new worker starts from the fastest known worker's factor (the table's base), not from the prior.
-            state = self._worker[worker] = [self._published_base, now, 0.0]
+            state = self._worker[worker] = _WorkerState(self._published_base, now)
             alpha = 0.5
         else:
-            dt = now - state[1]
+            dt = now - state.last_t
             alpha = min(0.5, -math.expm1(-max(dt, 0.0) / self._tau))
-            state[1] = max(state[1], now)
+            state.last_t = max(state.last_t, now)
         # Tail: stochastic quantile of this sample's surprise (log measured / estimated, before the update), >= 0 (the
         # prior's own spread is kept anyway); it moves by a fixed step, so one outlier shifts it by tail_step at most.
-        surprise = r - d - state[0]
-        if surprise > state[2]:
-            state[2] += self.tail_step * self.tail_quantile
-        elif state[2] > 0.0:
-            state[2] = max(0.0, state[2] - self.tail_step * (1.0 - self.tail_quantile))
-        step = alpha * (r - d - state[0])
-        state[0] += clip if step > clip else -clip if step < -clip else step
+        surprise = r - d - state.factor
+        warm = state.warmup
+        if warm is not None:
+            # Spread around the worker's own median, so that a worker that is uniformly slower (which its factor is
+            # still catching up with) does not look spread out.
+            warm.append(r - d)
+            ranked = sorted(warm)
+            n = len(ranked)
+            state.tail = max(0.0, ranked[min(n - 1, int(self.tail_quantile * n))] - ranked[n // 2])
+            if len(warm) >= _TAIL_WARMUP:
+                state.warmup = None
+        elif surprise > state.tail:
+            state.tail += self.tail_step * self.tail_quantile
+        elif state.tail > 0.0:
+            state.tail = max(0.0, state.tail - self.tail_step * (1.0 - self.tail_quantile))
+        step = alpha * (r - d - state.factor)
+        state.factor += clip if step > clip else -clip if step < -clip else step
         self._scale.pop(worker, None)
 
         # Entry offset: what the worker factor does not explain, learned slowly and shrunk slowly towards 0 (see the
         # module docstring); at rest it keeps 95 % of a persistent deviation.
         if profiled:
             beta = alpha * self._entry_rate
-            step = beta * (r - state[0] - d) - 0.05 * beta * d
+            step = beta * (r - state.factor - d) - 0.05 * beta * d
             d += clip if step > clip else -clip if step < -clip else step
             self._entry[key] = d
             if abs(d - self._published_entry.get(key, 0.0)) > self.tolerance:
                 self._dirty = True
 
-        base = min(s[0] for s in self._worker.values())
-        if abs(base - self._published_base) > self.tolerance or abs(state[2] - self._published_tail) > self.tolerance:
+        base = min(s.factor for s in self._worker.values())
+        if (
+            abs(base - self._published_base) > self.tolerance
+            or abs(state.tail - self._published_tail) > self.tolerance
+        ):
             self._dirty = True
         return self._dirty and now >= self._next_refresh
 
@@ -263,15 +297,15 @@ class LatencyModel:
     def worker_factor(self, worker: Hashable) -> float:
         """How much slower than the prior ``worker`` currently runs (1.0 for a worker never measured)."""
         state = self._worker.get(worker)
-        return math.exp(state[0]) if state is not None else 1.0
+        return math.exp(state.factor) if state is not None else 1.0
 
     def tail(self, worker: Hashable | None = None) -> float:
         """Live spread of ``worker`` (``None``: the most spread-out worker): the estimated 98th-percentile ratio of a
         batch's service time to its estimated mean (>= 1; 1.0 for a worker never measured)."""
         if worker is None:
-            return math.exp(max((s[2] for s in self._worker.values()), default=0.0))
+            return math.exp(max((s.tail for s in self._worker.values()), default=0.0))
         state = self._worker.get(worker)
-        return math.exp(state[2]) if state is not None else 1.0
+        return math.exp(state.tail) if state is not None else 1.0
 
     def estimate(self, subnet_id: SubnetId, batch_size: int, *, worker: Hashable | None = None) -> float:
         """Current mean-latency estimate (seconds) of a profiled entry on ``worker`` (``None``: the fastest worker).
@@ -283,10 +317,22 @@ class LatencyModel:
         """
         prior = self.prior.latency(subnet_id, batch_size)
         if worker is None:
-            log_f = min((s[0] for s in self._worker.values()), default=0.0)
+            log_f = min((s.factor for s in self._worker.values()), default=0.0)
         else:
-            log_f = self._worker[worker][0] if worker in self._worker else 0.0
+            log_f = self._worker[worker].factor if worker in self._worker else 0.0
         return prior * math.exp(self._entry.get((subnet_id, batch_size), 0.0) + log_f)
+
+    def capacity_scale(self) -> float:
+        """Mean speed of the measured workers relative to the fastest (<= 1; 1.0 before any measurement).
+
+        The refreshed profile is the fastest worker's; ``n`` workers of which some run slower serve
+        ``n * capacity_scale()`` times its throughput. Load-aware policies use it to judge what the workers sustain.
+        """
+        states = self._worker.values()
+        if not states:
+            return 1.0
+        base = min(s.factor for s in states)
+        return sum(math.exp(base - s.factor) for s in states) / len(states)
 
     def slack_scale(self, worker: Hashable) -> float:
         """Factor (<= 1) by which ``worker`` scales its slack before deciding with the last refreshed profile.
@@ -297,7 +343,7 @@ class LatencyModel:
         scale = self._scale.get(worker)
         if scale is None:
             state = self._worker.get(worker)
-            scale = 1.0 if state is None else min(1.0, math.exp(self._published_base - state[0]))
+            scale = 1.0 if state is None else min(1.0, math.exp(self._published_base - state.factor))
             self._scale[worker] = scale
         return scale
 
@@ -308,8 +354,8 @@ class LatencyModel:
         worker's factor), then raised where needed so that P1 and P2 hold wherever the prior satisfies them; the p99
         is then at least the mean times the live spread of the most spread-out worker (:meth:`tail`).
         """
-        base = min((s[0] for s in self._worker.values()), default=0.0)
-        log_tail = max((s[2] for s in self._worker.values()), default=0.0)
+        base = min((s.factor for s in self._worker.values()), default=0.0)
+        log_tail = max((s.tail for s in self._worker.values()), default=0.0)
         spread = math.exp(log_tail)
         est: dict[SubnetId, dict[int, float]] = {}
         for s in self.prior.subnets:
@@ -346,6 +392,7 @@ class LatencyModel:
         """
         t0 = time.perf_counter()
         policy.update_profile(self.refresh(now))
+        policy.set_capacity_scale(self.capacity_scale())
         if limit_by_cost:
             self._next_refresh = now + max(self.refresh_s, 50.0 * (time.perf_counter() - t0))
 

@@ -21,18 +21,20 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import InvalidProfileError, InvalidRequestError
 from .profile import LatencyStat, Profile, SubnetId
 
 __all__ = [
+    "Choice",
     "Decision",
     "Fixed",
     "MaxAcc",
     "MaxBatch",
     "MinCost",
     "Policy",
+    "PrefixBest",
 ]
 
 
@@ -56,14 +58,23 @@ class Decision(NamedTuple):
     fits: bool
 
 
-class _Choice(NamedTuple):
+class Choice(NamedTuple):
+    """One candidate of a policy's tables: a profiled (subnet, batch size) pair with its latency statistic.
+
+    Attributes:
+        subnet_id: The subnet.
+        batch: The profiled batch size.
+        latency: The policy's latency statistic (mean or p99) of ``batch`` requests, in seconds.
+        accuracy: The subnet's accuracy.
+    """
+
     subnet_id: SubnetId
     batch: int
     latency: float
     accuracy: float
 
 
-class _PrefixBest:
+class PrefixBest:
     """Choices sorted by latency; ``best[i]`` is the best choice (under ``key``) among the first ``i + 1``.
 
     ``query(slack)`` is then "the best choice whose latency is <= slack" in one bisection, whatever the shape of the
@@ -72,10 +83,10 @@ class _PrefixBest:
 
     __slots__ = ("best", "fastest", "lats")
 
-    def __init__(self, choices: Sequence[_Choice], key: Callable[[_Choice], Any]) -> None:
+    def __init__(self, choices: Sequence[Choice], key: Callable[[Choice], Any]) -> None:
         ordered = sorted(choices, key=lambda c: (c.latency, -c.batch, -c.accuracy))
         self.lats = [c.latency for c in ordered]
-        self.best: list[_Choice] = []
+        self.best: list[Choice] = []
         cur = cur_key = None
         for c in ordered:
             k = key(c)
@@ -84,7 +95,7 @@ class _PrefixBest:
             self.best.append(cur)
         self.fastest = ordered[0] if ordered else None
 
-    def query(self, slack: float) -> _Choice | None:
+    def query(self, slack: float) -> Choice | None:
         i = bisect_right(self.lats, slack)
         return self.best[i - 1] if i else None
 
@@ -109,7 +120,10 @@ class Policy(ABC):
     """
 
     #: Set by policies that need :meth:`observe_arrivals` to be called for every arrival.
-    needs_arrivals: ClassVar[bool] = False
+    needs_arrivals: bool = False
+    #: Set by policies that plan with a :class:`~scheduling.LatencyModel` by default: :func:`~scheduling.simulate`
+    #: and :class:`~scheduling.Scheduler` then create one unless given ``latency_model=None``.
+    wants_latency_model: bool = False
 
     def __init__(self, profile: Profile, *, latency_stat: LatencyStat = "mean", queue_aware: bool = True) -> None:
         if not isinstance(profile, Profile):
@@ -131,7 +145,7 @@ class Policy(ABC):
         self._k_of = [last] + [bisect_left(bs, q) if self.queue_aware else last for q in range(1, bs[-1] + 1)]
         stat = self.latency_stat
         self._all = [
-            _Choice(s.id, b, st.stat(stat), s.accuracy) for s in profile.subnets for b, st in s.latency.items()
+            Choice(s.id, b, st.stat(stat), s.accuracy) for s in profile.subnets for b, st in s.latency.items()
         ]
 
     def update_profile(self, profile: Profile) -> None:
@@ -172,7 +186,7 @@ class Policy(ABC):
         """Queue-length classes: k indexes ``profile.batch_sizes``; class k allows batch sizes <= batch_sizes[k]."""
         return range(len(self._batch_sizes)) if self.queue_aware else range(self._k_last, self._k_last + 1)
 
-    def _candidates(self, k: int, subnet_id: SubnetId | None = None) -> list[_Choice]:
+    def _candidates(self, k: int, subnet_id: SubnetId | None = None) -> list[Choice]:
         cap = self._batch_sizes[k]
         return [c for c in self._all if c.batch <= cap and (subnet_id is None or c.subnet_id == subnet_id)]
 
@@ -190,7 +204,7 @@ class Policy(ABC):
             )
 
     @staticmethod
-    def _make(c: _Choice, queue_len: int, slack_s: float) -> Decision:
+    def _make(c: Choice, queue_len: int, slack_s: float) -> Decision:
         return Decision(
             c.subnet_id, c.batch if c.batch < queue_len else queue_len, c.batch, c.latency, c.accuracy,
             c.latency <= slack_s,
@@ -220,6 +234,15 @@ class Policy(ABC):
     def reset(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Forget any state learned at run time (called by the simulator before each run). No-op by default."""
 
+    def set_capacity_scale(self, scale: float) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called by :meth:`LatencyModel.replan <scheduling.LatencyModel.replan>` with the workers' mean speed
+        relative to the profile the policy plans with (<= 1 when some workers run slower). No-op by default."""
+
+    def set_num_workers(self, n: int) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Called by hosts with the number of workers serving the queue, at start and when it changes. No-op by
+        default; load-aware policies (:class:`~scheduling.SlackFit`) use it to turn the arrival rate into a per-worker
+        demand."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(latency_stat={self.latency_stat!r})"
 
@@ -230,14 +253,14 @@ class _KeyedPolicy(Policy):
     Subclasses set ``_key`` (and ``_only``, a subnet id or ``None``) and then call :meth:`_rebuild`.
     """
 
-    _key: Callable[[_Choice], Any]
+    _key: Callable[[Choice], Any]
     _only: SubnetId | None = None
 
     def _rebuild(self) -> None:
         key, subnet_id = self._key, self._only
-        tables: list[_PrefixBest | None] = [None] * len(self._batch_sizes)
+        tables: list[PrefixBest | None] = [None] * len(self._batch_sizes)
         for k in self._classes():
-            tables[k] = _PrefixBest(self._candidates(k, subnet_id), key)
+            tables[k] = PrefixBest(self._candidates(k, subnet_id), key)
         # Queue classes below the first profiled batch size of a fixed subnet fall back to its next class up.
         for k in range(len(tables) - 1, -1, -1):
             t = tables[k]

@@ -80,8 +80,8 @@ def make_policy(name: str | Policy, profile: Profile, **options: Any) -> Policy:
     """The policy registered as ``name`` for ``profile`` (a :class:`~scheduling.Policy` is returned as it is).
 
     Args:
-        name: a registered name (built in: ``slackfit``, ``maxacc``, ``maxbatch``, ``mincost``, ``fixed:<subnet
-            id>``), case and surrounding spaces ignored; or a policy.
+        name: a registered name (built in: ``slackfit``, ``slackfit-paper``, ``maxacc``, ``maxbatch``, ``mincost``,
+            ``fixed:<subnet id>``), case and surrounding spaces ignored; or a policy.
         profile: the profile the policy decides from.
         **options: keyword arguments of the policy, e.g. ``latency_stat="p99"``.
 
@@ -106,7 +106,13 @@ def _fixed(profile: Profile, subnet: str, **options: Any) -> Fixed:
     return Fixed(profile, ids[subnet], **options)
 
 
+def _slackfit_paper(profile: Profile, **options: Any) -> SlackFit:
+    """The paper's rule (the slack only, the mean latency), as SlackFit was before issue 20: for reproductions."""
+    return SlackFit(profile, **{"backlog_aware": False, "latency_stat": "mean", **options})
+
+
 register_policy("slackfit")(SlackFit)
+register_policy("slackfit-paper")(_slackfit_paper)
 register_policy("maxacc")(MaxAcc)
 register_policy("maxbatch")(MaxBatch)
 register_policy("mincost")(MinCost)

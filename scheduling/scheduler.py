@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .dispatch import dispatch_step
 from .edf import EDFQueue, Entry
@@ -109,7 +109,9 @@ class Scheduler:
         record_timeline: Keep a :class:`~scheduling.metrics.DecisionRecord` per batch (see :meth:`timeline`).
         latency_model: Adaptive planning: a :class:`~scheduling.LatencyModel` built on ``policy.profile``. Each
             batch's measured service time (the worker call) is fed to it, it re-plans the policy when its estimates
-            move, and each worker decides with its own slowdown factor. ``None`` (default): the static profile.
+            move, and each worker decides with its own slowdown factor. ``"auto"`` (default): a new model if the
+            policy ``wants_latency_model`` (the default :class:`~scheduling.SlackFit`), else none. ``None``: the
+            static profile.
         deadline_grace_s: How long past its deadline a request may still be running on a worker (or queued, with
             ``drop_late=False``) before the reaper answers it with :class:`~scheduling.errors.DeadlineMissedError`
             and marks the worker stuck. Default 0.5 s: every future is done by its deadline + 0.5 s (+ the reaper's
@@ -135,7 +137,7 @@ class Scheduler:
         drop_late: bool = True,
         default_slo_s: float | None = None,
         record_timeline: bool = False,
-        latency_model: LatencyModel | None = None,
+        latency_model: LatencyModel | None | Literal["auto"] = "auto",
         deadline_grace_s: float | None = 0.5,
     ) -> None:
         if not isinstance(policy, Policy):
@@ -157,10 +159,12 @@ class Scheduler:
         for i, fn in enumerate(workers):
             if not callable(fn):
                 raise InvalidRequestError(f"workers[{i}] must be callable fn(subnet_id, payloads), got {fn!r}")
+        if isinstance(latency_model, str) and latency_model == "auto":
+            latency_model = LatencyModel(policy.profile) if policy.wants_latency_model else None
         if latency_model is not None:
             if not isinstance(latency_model, LatencyModel):
                 raise InvalidRequestError(
-                    f"latency_model must be a LatencyModel or None, got {type(latency_model).__name__}"
+                    f"latency_model must be a LatencyModel, None or 'auto', got {type(latency_model).__name__}"
                 )
             latency_model.reset()
             policy.update_profile(latency_model.prior)  # raises if the model was built on another profile
@@ -283,6 +287,7 @@ class Scheduler:
             self._workers[wid] = w
             self._threads.add(w.thread)
             self._live.add(w)
+            self.policy.set_num_workers(len(self._workers))
         return wid
 
     def remove_worker(self, worker_id: int, *, wait: bool = True) -> None:
@@ -295,6 +300,7 @@ class Scheduler:
         """
         with self._cond:
             w = self._workers.pop(worker_id, None)
+            self.policy.set_num_workers(len(self._workers))
             if w is None:
                 raise InvalidRequestError(
                     f"unknown worker_id {worker_id!r}; live workers are {sorted(self._workers)!r}"
@@ -470,6 +476,7 @@ class Scheduler:
         with self._cond:
             if self._workers.get(w.wid) is w:
                 del self._workers[w.wid]
+                self.policy.set_num_workers(len(self._workers))
             orphans = self._orphans_locked()
             self._cond.notify_all()
         if orphans:

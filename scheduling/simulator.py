@@ -23,7 +23,7 @@ from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsRecorder, MetricsSummary, OutcomeRecord
 from .policies import Policy
 
-__all__ = ["Interference", "SimConfig", "SimResult", "simulate"]
+__all__ = ["AUTO", "Interference", "SimConfig", "SimResult", "simulate"]
 
 _INF = math.inf
 
@@ -165,8 +165,18 @@ def _check_arrivals(arrivals: Sequence[float]) -> None:
         prev = t
 
 
+AUTO = "auto"
+"""``latency_model=AUTO`` (the default of :func:`simulate` and :class:`~scheduling.Scheduler`): a fresh
+:class:`~scheduling.LatencyModel` if the policy ``wants_latency_model`` (the default :class:`~scheduling.SlackFit`),
+else none."""
+
+
 def simulate(
-    policy: Policy, arrivals: Sequence[float], config: SimConfig, *, latency_model: LatencyModel | None = None
+    policy: Policy,
+    arrivals: Sequence[float],
+    config: SimConfig,
+    *,
+    latency_model: LatencyModel | None | Literal["auto"] = AUTO,
 ) -> SimResult:
     """Run ``policy`` on the arrival times ``arrivals`` (seconds, sorted) under ``config``.
 
@@ -180,7 +190,8 @@ def simulate(
         latency_model: Adaptive planning: a :class:`~scheduling.LatencyModel` built on ``policy.profile``. It is reset,
             fed each batch's simulated service time when the batch completes, and re-plans the policy through
             :meth:`~scheduling.Policy.update_profile`; each worker decides with its own slowdown factor. At the end the
-            policy is left planning with the model's prior. ``None`` (default): the static profile.
+            policy is left planning with the model's prior. ``"auto"`` (default): a new model if the policy
+            ``wants_latency_model`` (the default SlackFit), else none. ``None``: the static profile.
 
     Returns:
         A :class:`SimResult`.
@@ -200,12 +211,15 @@ def simulate(
         raise InvalidRequestError(f"config must be a SimConfig, got {type(config).__name__}")
     _check_arrivals(arrivals)
     model = latency_model
+    if isinstance(model, str) and model == AUTO:
+        model = LatencyModel(policy.profile) if policy.wants_latency_model else None
     if model is not None:
         if not isinstance(model, LatencyModel):
             raise InvalidRequestError(f"latency_model must be a LatencyModel or None, got {type(model).__name__}")
         model.reset()
         policy.update_profile(model.prior)  # raises if the model was built on another profile
     policy.reset()
+    policy.set_num_workers(config.num_workers)
     rng = random.Random(config.seed)
     slo = float(config.slo_s)
     q = EDFQueue(drop_late=config.drop_late)
@@ -302,6 +316,7 @@ def simulate(
                 if w in idle:
                     idle.remove(w)
                     heapq.heapify(idle)
+                policy.set_num_workers(sum(alive))
                 item = running[w]
                 if item is not None:
                     busy.remove(item)

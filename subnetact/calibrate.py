@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -9,8 +10,9 @@ import torch
 from torch import nn
 
 from .config import SubnetConfig
-from .errors import ConfigError, InvalidSubnetError
+from .errors import ConfigError, InvalidSubnetError, SubnetActError, UncalibratedSubnetWarning
 from .supernet import state_of
+from .tree import iter_tensors
 
 
 def default_forward(model: nn.Module, batch: Any) -> Any:
@@ -36,7 +38,9 @@ def calibrate(
     For every subnet, the batches run through it in eval mode with every SubnetNorm normalising by the batch's own
     statistics, as in training; each norm's per-batch mean and biased variance are averaged over batches weighted by
     batch size. This is the exact average once-for-all's ``set_running_statistics`` computes, not an EMA. Only the
-    channels the subnet uses are stored. Re-calibrating a registered subnet replaces its statistics.
+    channels the subnet uses are stored. Re-calibrating a registered subnet replaces its statistics. A SubnetNorm
+    that never runs in eval mode (an auxiliary classifier that GoogLeNet and Inception-v3 run only in training) keeps
+    the supernet's statistics sliced to the subnet, with an :class:`~subnetact.UncalibratedSubnetWarning` naming it.
 
     Args:
         model: a converted model.
@@ -50,9 +54,10 @@ def calibrate(
         The registered configs (snapped to the space's choices), in order.
 
     Raises:
-        InvalidSubnetError: a config is not in the space, or there are no batches. Nothing is registered then, nor
-            when a forward raises.
-        ConfigError: the batches gave non-finite (NaN or inf) statistics; nothing is registered.
+        InvalidSubnetError: a config is not in the space, or there are no batches. Nothing is registered then.
+        ConfigError: a batch fails in ``forward_fn`` (the message names the batch and its shapes; the error is
+            chained), ``forward_fn`` runs no SubnetNorm at all, or the batches gave non-finite (NaN or inf)
+            statistics; nothing is registered.
 
     Example::
 
@@ -70,24 +75,35 @@ def calibrate(
     model.eval()
     local = state.local
     new_stats: dict[SubnetConfig, torch.Tensor] = {}
+    skipped: list[str] = []  # norms that never ran in eval mode (a training-only branch)
     try:
         for cfg in configs:
             accumulators: dict[int, list] = {}
             local.plan, local.calibration = state.compile(cfg), accumulators
             try:
-                for batch in batches:
-                    forward_fn(model, batch)
+                for i, batch in enumerate(batches):
+                    _feed(model, batch, i, cfg, forward_fn)
             finally:
                 local.plan, local.calibration = None, None
+            layout = state.stats_layout(cfg)
+            if layout and not any(op_index in accumulators for op_index, _ in layout):
+                raise ConfigError(
+                    f"forward_fn={forward_fn!r} ran no SubnetNorm of the model while calibrating subnet {cfg.id}; "
+                    "does it call the model? Nothing was registered"
+                )
             parts = []
-            for op_index, _ in state.stats_layout(cfg):
+            for op_index, k in layout:
                 acc = accumulators.get(op_index)
-                if acc is None:
-                    raise RuntimeError(
-                        f"SubnetNorm {_path(model, state.ops[op_index])!r} did not run while calibrating {cfg!r}; "
-                        "does forward_fn call the model?"
-                    )
                 norm = state.ops[op_index]
+                if acc is None:
+                    # A branch the model runs only in training (GoogLeNet's and Inception's auxiliary classifiers):
+                    # eval never runs it, so its statistics only matter to an export put in training mode; it keeps
+                    # the supernet's, sliced to the subnet's channels (what an uncalibrated subnet uses).
+                    path = _path(model, norm)
+                    if path not in skipped:
+                        skipped.append(path)
+                    parts += [norm.running_mean[:k].clone(), norm.running_var[:k].clone()]
+                    continue
                 dtype = norm.running_mean.dtype if norm.running_mean is not None else torch.float32
                 mean, var = (acc[0] / acc[2]).to(dtype), (acc[1] / acc[2]).to(dtype)
                 if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
@@ -108,7 +124,32 @@ def calibrate(
     state.invalidate()
     for cfg in configs:
         state.plan_for(cfg)  # compile and pin now, so the first actuation of a served subnet is already O(1)
+    if skipped:
+        shown = ", ".join(map(repr, skipped[:3])) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        warnings.warn(
+            f"calibrate: {len(skipped)} SubnetNorm(s) never ran in eval mode ({shown}): a branch the model runs only "
+            "in training, such as an auxiliary classifier. Eval never uses their statistics; they keep the "
+            "supernet's, sliced to each subnet's channels.",
+            UncalibratedSubnetWarning,
+            stacklevel=3,
+        )
     return configs
+
+
+def _feed(model: nn.Module, batch: Any, index: int, cfg: SubnetConfig, forward_fn: Callable) -> None:
+    """``forward_fn(model, batch)``; a failure (a batch of the wrong shape or type) becomes a :class:`ConfigError`
+    naming the batch and its shapes, with the original error chained."""
+    try:
+        forward_fn(model, batch)
+    except SubnetActError:
+        raise
+    except Exception as exc:
+        shapes = [tuple(t.shape) for t in iter_tensors(batch)]
+        raise ConfigError(
+            f"calibrating subnet {cfg.id}: batch {index} (a {type(batch).__name__}, tensor shapes {shapes}) failed "
+            f"in forward_fn={getattr(forward_fn, '__name__', forward_fn)!r} ({type(exc).__name__}: {exc}); give "
+            "batches the model takes (or a forward_fn that feeds them). Nothing was registered"
+        ) from exc
 
 
 def _path(model: nn.Module, target: nn.Module) -> str:

@@ -142,6 +142,12 @@ def convert(
             except BaseException:
                 rollback(model, replaced)
                 raise
+        if plan.check is not None:  # an adapter's own convert-time check (decoders: on a tiny input it builds)
+            try:
+                plan.check(model)
+            except BaseException:
+                rollback(model, replaced)
+                raise
         if example_inputs is not None and call is not None:
             state_of(model).example_call = detached_copy(call)  # for ``save``: ``load`` converts the same way
     if weight_cache_mb is not None:
@@ -362,6 +368,10 @@ def _find_stages(model: nn.Module, filter_fn: Callable[[nn.Module, str], bool] |
         if filter_fn is not None and not filter_fn(module, path):
             continue
         blocks = [(f"{path}.{name}", child, rule(child)) for (name, child), rule in zip(children, rules)]
+        if any(spec is None for _, _, spec in blocks):
+            # A rule declined its block (a ResNet with FrozenBatchNorm2d): the whole stage goes to the trace, whose
+            # conversion is verified like every other.
+            continue
         for block_path, _, spec in blocks:
             if not isinstance(spec, BlockSpec):
                 raise UnsupportedModelError(

@@ -6,12 +6,17 @@
 3. For each policy (SlackFit, MinCost, and Fixed on every subnet), start the live :class:`scheduling.Scheduler` with
    real inference workers (threads calling ``model(x, subnet=cfg)`` on one shared model) and replay the same bursty
    trace of held-out digits (:func:`subnetact.digits.test_set`: rotated, scaled, shifted and noisy views of the test
-   split, disjoint from the training and validation images), each request with the same SLO.
-4. Print, per policy: SLO attainment, accuracy against the true labels of the requests answered within their SLO,
-   p50/p99 latency of the answered requests and throughput, with a mark on the policies on the attainment/accuracy
-   frontier (no other policy has better attainment at no lower accuracy, or better accuracy at no lower
-   attainment); write ``results.json`` and a PNG of SlackFit's system dynamics (ingest rate, each request's latency
-   against the SLO, accuracy of the chosen subnet, batch size over time).
+   split, disjoint from the training and validation images), each request with the same SLO. ``trials`` (3) traces
+   (seeds ``seed``, ``seed + 1``, ...) are replayed, every policy on each trial before the next trial starts, so a
+   change in how busy the machine is affects all policies alike.
+4. Print, per policy, the mean over the trials of: SLO attainment (with its standard deviation), accuracy against
+   the true labels of the requests answered within their SLO and the profile's (validation) accuracy of the subnets
+   that answered them, p50/p99 latency of the answered requests and throughput, with a mark on the policies on the
+   attainment/accuracy frontier (no other policy has better attainment at no lower accuracy, or better accuracy at
+   no lower attainment). Write ``results.json`` (with every trial's values), ``frontier.png`` (attainment against
+   accuracy of every policy, error bars one standard deviation over the trials) and ``dynamics.png``: the system
+   dynamics (ingest rate, each request's latency against the SLO, accuracy of the chosen subnet, batch size over
+   time) of SlackFit beside those of MinCost and of Fixed on the most accurate subnet, on the first trial.
 
 ``slackfit-adaptive`` is SlackFit fed back each batch's measured service time through a
 :class:`scheduling.LatencyModel` (issue 12); with ``background_load`` the demo starts that many busy processes after
@@ -23,7 +28,9 @@ trade-off shows on any machine. The SLO is twice the most accurate subnet's p99 
 for the OS pauses a shared CPU inflicts); the mean rate is 0.8 x the most accurate subnet's capacity within that SLO,
 but at most half the least accurate subnet's. So the bursts (CV² 8) exceed what the most accurate subnet can serve in
 time, and the mean is within reach of the smaller ones. ``rate``/``slo_ms`` set them explicitly, and ``load`` /
-``slo_factor`` relative to the most accurate subnet's batch-16 throughput and latency.
+``slo_factor`` relative to the most accurate subnet's batch-16 throughput and latency. The demo prints in what
+fraction of the SLO-long windows the rate exceeds the most accurate subnet's capacity (measured on this machine, at
+start) and warns when none does: then no policy needs to trade accuracy for attainment, and the rows differ by noise.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from typing import Any, TextIO
 import torch
 
 from . import digits
+from .checks import is_int
 from .config import SubnetConfig
 from .demo_load import capacity_within_slo, derive_load
 from .errors import ConfigError
@@ -52,7 +60,7 @@ DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 
 @dataclass(frozen=True)
 class PolicyResult:
-    """One row of the demo's table."""
+    """One row of the demo's table: one policy's run, or the mean of its trials (:func:`combine_trials`)."""
 
     policy: str
     requests: int
@@ -65,6 +73,51 @@ class PolicyResult:
     dropped: int
     late: int
     mean_batch_size: float
+    # Per trial (one value each; a single run has one): what the means above and the error bars come from.
+    attainment_trials: tuple[float, ...] = ()
+    accuracy_trials: tuple[float, ...] = ()
+
+    @property
+    def slo_attainment_std(self) -> float:
+        """Sample standard deviation of the attainment over the trials (0 for one trial)."""
+        return _std(self.attainment_trials)
+
+    @property
+    def accuracy_std(self) -> float:
+        """Sample standard deviation of the label accuracy over the trials (0 for one trial)."""
+        return _std(self.accuracy_trials)
+
+
+def _std(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    if len(finite) < 2:
+        return 0.0
+    mean = sum(finite) / len(finite)
+    return math.sqrt(sum((v - mean) ** 2 for v in finite) / (len(finite) - 1))
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
+
+
+def combine_trials(runs: Sequence[PolicyResult]) -> PolicyResult:
+    """One row from the runs of one policy over several trials: means (requests, dropped and late are totals)."""
+    return PolicyResult(
+        policy=runs[0].policy,
+        requests=sum(r.requests for r in runs),
+        slo_attainment=_mean([r.slo_attainment for r in runs]),
+        accuracy=_mean([r.accuracy for r in runs]),
+        profile_accuracy=_mean([r.profile_accuracy for r in runs]),
+        latency_p50_ms=_mean([r.latency_p50_ms for r in runs]),
+        latency_p99_ms=_mean([r.latency_p99_ms for r in runs]),
+        throughput=_mean([r.throughput for r in runs]),
+        dropped=sum(r.dropped for r in runs),
+        late=sum(r.late for r in runs),
+        mean_batch_size=_mean([r.mean_batch_size for r in runs]),
+        attainment_trials=tuple(r.slo_attainment for r in runs),
+        accuracy_trials=tuple(r.accuracy for r in runs),
+    )
 
 
 @dataclass(frozen=True)
@@ -75,11 +128,12 @@ class DemoResult:
     results_path: Path
     plot_path: Path | None
     seconds: float
+    frontier_path: Path | None = None
 
 
 def run_demo(
     *,
-    duration_s: float = 8.0,
+    duration_s: float = 3.0,
     rate: float | None = None,
     load: float | None = None,
     cv2: float = 8.0,
@@ -96,11 +150,13 @@ def run_demo(
     out_dir: str | Path = "subnetact-demo",
     plot: bool = True,
     stream: TextIO | None = None,
+    trials: int = 3,
 ) -> DemoResult:
     """Run the demo and return its results (also printed to ``stream`` and written to ``out_dir``).
 
     Args:
-        duration_s: length of the trace replayed for each policy, seconds (> 0).
+        duration_s: length of each trial's trace, seconds (> 0). Default 3: with 3 trials, about as long per policy
+            as the single 8-second trace the demo replayed before (issue 20).
         rate: mean arrival rate, requests/s; ignored when ``load`` is given. Default (both ``None``): derived from
             the profile (:func:`subnetact.demo_load.derive_load`).
         load: if given, the rate is ``load`` x the most accurate subnet's throughput at batch 16 in the profile.
@@ -121,18 +177,19 @@ def run_demo(
         repeats: timed forwards per (subnet, batch size) when profiling.
         background_load: busy-looping processes to run during the policy runs (started after profiling, stopped at
             the end, even on error); 0 (default) runs on the machine as it is.
-        seed: seeds the trace and which held-out images are requested.
-        out_dir: where ``profile.json``, ``results.json`` and ``dynamics.png`` go (created).
-        plot: write the PNG (needs matplotlib; skipped with a note if it is not installed).
+        seed: seeds the first trial's trace and which held-out images are requested (trial ``t``: ``seed + t``).
+        out_dir: where ``profile.json``, ``results.json``, ``dynamics.png`` and ``frontier.png`` go (created).
+        plot: write the PNGs (need matplotlib; skipped with a note if it is not installed).
         stream: where the table and progress go (default stdout).
+        trials: traces replayed per policy (>= 1; default 3); the table shows means, the frontier plot error bars.
     """
     from scheduling import traces
     from scheduling.metrics import rate_series
 
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
-    _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats)
-    if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
+    _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats, trials)
+    if not is_int(background_load) or background_load < 0:
         raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -179,32 +236,51 @@ def run_demo(
         slo_ms = 1e3 * derived.slo_s
     slo_s = slo_ms / 1e3
 
-    # -- the trace -------------------------------------------------------------------------------------------------
-    arrivals = traces.bursty(rate / 2, rate / 2, cv2=cv2, duration_s=duration_s, seed=seed)
-    rng = random.Random(seed)
-    requested = [rng.randrange(len(labels)) for _ in arrivals]
+    # -- the traces ------------------------------------------------------------------------------------------------
+    traces_ = []
+    for t in range(trials):
+        arrivals = traces.bursty(rate / 2, rate / 2, cv2=cv2, duration_s=duration_s, seed=seed + t)
+        rng = random.Random(seed + t)
+        traces_.append((arrivals, [rng.randrange(len(labels)) for _ in arrivals]))
+    n_requests = [len(a) for a, _ in traces_]
     print(
-        f"trace: bursty, {len(arrivals)} requests in {duration_s:g}s (mean {rate:.0f} req/s, CV2 {cv2:g}), "
-        f"SLO {slo_ms:.1f} ms, {workers} worker(s), policies plan with {latency_stat} latency",
+        f"traces: {trials} x bursty, {min(n_requests)}-{max(n_requests)} requests in {duration_s:g}s each (mean "
+        f"{rate:.0f} req/s, CV2 {cv2:g}), SLO {slo_ms:.1f} ms, {workers} worker(s), policies plan with "
+        f"{latency_stat} latency",
         file=out,
     )
     top_capacity, _ = capacity_within_slo(prof, largest, slo_s, workers=workers, latency_stat=latency_stat)
-    windows = rate_series(arrivals, slo_s, end=duration_s)
+    windows = [w for a, _ in traces_ for w in rate_series(a, slo_s, end=duration_s)]
     over_top = sum(r > top_capacity for _, r in windows) / max(len(windows), 1)
     print(
         f"bursts: in {100 * over_top:.0f} % of the SLO-long windows the rate exceeds what the most accurate subnet "
-        f"can serve within the SLO ({top_capacity:.0f} req/s)",
+        f"can serve within the SLO ({top_capacity:.0f} req/s, from the profile measured now)",
         file=out,
     )
+    if over_top == 0:
+        print(
+            "warning: no burst exceeds the most accurate subnet's capacity, so no policy needs to trade accuracy for "
+            "attainment and the rows differ by noise; raise --load, --rate or --cv2",
+            file=out,
+        )
 
-    # -- one run per policy ----------------------------------------------------------------------------------------
+    # -- every policy on each trial ----------------------------------------------------------------------------------
+    runs: dict[str, list[PolicyResult]] = {name: [] for name in chosen}
+    timelines: dict[str, tuple[list, list]] = {}
     hogs = _start_background_load(background_load, out)
     try:
-        rows, dynamics = _run_policies(
-            chosen, latency_stat, out, model, served, prof, x_test, labels, arrivals, requested, slo_s, workers
-        )
+        for t, (arrivals, requested) in enumerate(traces_):
+            trial_rows, trial_timelines = _run_policies(
+                chosen, latency_stat, out, f"trial {t + 1}/{trials} ", model, served, prof, x_test, labels,
+                arrivals, requested, slo_s, workers,
+            )  # fmt: skip
+            for row in trial_rows:
+                runs[row.policy].append(row)
+            if t == 0:
+                timelines = trial_timelines
     finally:
         _stop_background_load(hogs)
+    rows = [combine_trials(runs[name]) for name in chosen]
 
     # -- report ----------------------------------------------------------------------------------------------------
     print("\n" + format_table(rows), file=out)
@@ -217,23 +293,26 @@ def run_demo(
         "workers": workers,
         "threads": threads,
         "seed": seed,
+        "trials": trials,
         "background_load": background_load,
         "load_from_profile": derived.describe() if derived is not None else None,
         "windows_over_top_capacity": over_top,
-        "requests": len(arrivals),
+        "requests": sum(n_requests),
         "device": prof.metadata.get("device"),
     }
     results_path = out_dir / "results.json"
     results_path.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
-    plot_path = None
-    if plot and dynamics is not None:
-        plot_path = _plot(*dynamics, arrivals, slo_s, out_dir / "dynamics.png", out)
+    plot_path = frontier_path = None
+    if plot:
+        shown = [n for n in ("slackfit", "mincost", f"fixed:{largest}") if n in timelines] or list(timelines)[:1]
+        first_arrivals = traces_[0][0]
+        plot_path = _plot([(n, timelines[n]) for n in shown], first_arrivals, slo_s, out_dir / "dynamics.png", out)
+        if plot_path is not None:
+            frontier_path = _plot_frontier(rows, out_dir / "frontier.png")
     seconds = time.perf_counter() - start
-    print(
-        f"wrote {profile_path}, {results_path}" + (f", {plot_path}" if plot_path else "") + f" ({seconds:.0f}s)",
-        file=out,
-    )
-    return DemoResult(tuple(rows), settings, profile_path, results_path, plot_path, seconds)
+    written = [profile_path, results_path, *(p for p in (plot_path, frontier_path) if p is not None)]
+    print(f"wrote {', '.join(map(str, written))} ({seconds:.0f}s)", file=out)
+    return DemoResult(tuple(rows), settings, profile_path, results_path, plot_path, seconds, frontier_path)
 
 
 def _check_settings(
@@ -247,6 +326,7 @@ def _check_settings(
     workers: Any,
     threads: Any,
     repeats: Any,
+    trials: Any,
 ) -> None:
     """Raise :class:`ConfigError` naming the first of :func:`run_demo`'s settings that is not valid."""
     for name, value, positive in (("duration_s", duration_s, True), ("cv2", cv2, False)):
@@ -257,35 +337,33 @@ def _check_settings(
             raise ConfigError(f"{name}={value!r} must be a finite number > 0")
     if latency_stat not in ("mean", "p99"):
         raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
-    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats), ("trials", trials)):
+        if not is_int(value) or value < 1:
             raise ConfigError(f"{name}={value!r} must be an int >= 1")
 
 
 def _run_policies(
-    chosen: list[str], latency_stat: str, out: TextIO, model: torch.nn.Module, *run: Any
-) -> tuple[list[PolicyResult], tuple[str, list] | None]:
-    """One live run per policy name (``run``: the rest of :func:`_run_policy`'s arguments after the policy): the
-    rows, and the timeline of SlackFit (else adaptive SlackFit) for the dynamics plot."""
+    chosen: list[str], latency_stat: str, out: TextIO, label: str, model: torch.nn.Module, *run: Any
+) -> tuple[list[PolicyResult], dict[str, tuple[list, list]]]:
+    """One live run per policy name on one trace (``run``: the rest of :func:`_run_policy`'s arguments after the
+    policy); ``label`` prefixes each progress line. Returns the rows and each policy's timeline."""
     from scheduling import LatencyModel, make_policy
 
     prof = run[1]
     rows = []
-    dynamics = None
+    timelines = {}
     for name in chosen:
         adaptive = name.endswith(ADAPTIVE)
         policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
         latency_model = LatencyModel(prof) if adaptive else None
-        row, timeline = _run_policy(name, policy, model, *run, latency_model)
+        row, timelines[name] = _run_policy(name, policy, model, *run, latency_model)
         rows.append(row)
-        if name == "slackfit" or (name == "slackfit-adaptive" and dynamics is None):
-            dynamics = (name, timeline)
         print(
-            f"  {name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
+            f"  {label}{name:>17}: attainment {row.slo_attainment:.4f}, accuracy {row.accuracy:.2f}%, "
             f"p99 {row.latency_p99_ms:.1f} ms",
             file=out,
         )
-    return rows, dynamics
+    return rows, timelines
 
 
 def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
@@ -301,14 +379,20 @@ def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
 
 
 def format_table(rows: Sequence[PolicyResult]) -> str:
-    """The demo's results as a fixed-width text table; ``*`` marks the attainment/accuracy frontier."""
-    names = ("SLO attain.", "accuracy %", "p50 ms", "p99 ms", "req/s", "dropped")
+    """The demo's results as a fixed-width text table; ``*`` marks the attainment/accuracy frontier.
+
+    ``accuracy %`` is measured against the true labels of the on-time answers; ``val acc %`` is the profile's
+    (validation) accuracy of the subnets that gave them, what the policies chose by. ``± sd`` is the standard deviation
+    of the attainment over the trials.
+    """
+    names = ("SLO attain.", "± sd", "accuracy %", "val acc %", "p50 ms", "p99 ms", "req/s", "dropped")
     head = f"{'policy':<19} " + " ".join(f"{n:>{max(8, len(n))}}" for n in names)
     lines = [head, "-" * len(head)]
     for r, best in zip(rows, frontier(rows), strict=True):
         lines.append(
-            f"{r.policy + (' *' if best else ''):<19} {r.slo_attainment:>11.4f} {r.accuracy:>10.2f} "
-            f"{r.latency_p50_ms:>8.1f} {r.latency_p99_ms:>8.1f} {r.throughput:>8.0f} {r.dropped:>8d}"
+            f"{r.policy + (' *' if best else ''):<19} {r.slo_attainment:>11.4f} {r.slo_attainment_std:>8.4f} "
+            f"{r.accuracy:>10.2f} {r.profile_accuracy:>9.2f} {r.latency_p50_ms:>8.1f} {r.latency_p99_ms:>8.1f} "
+            f"{r.throughput:>8.0f} {r.dropped:>8d}"
         )
     lines.append("* on the attainment/accuracy frontier (no other policy is better on one and no worse on the other)")
     return "\n".join(lines)
@@ -394,7 +478,10 @@ def _run_policy(
 
         return callback
 
-    sched = Scheduler(policy, [infer] * workers, record_timeline=True, latency_model=latency_model)
+    # No model given: the Scheduler's default, so each policy runs as users get it (one that wants a latency model
+    # gets one).
+    options = {} if latency_model is None else {"latency_model": latency_model}
+    sched = Scheduler(policy, [infer] * workers, record_timeline=True, **options)
     futures = []
     t0 = time.monotonic() + 0.05
     try:
@@ -439,38 +526,80 @@ def _run_policy(
     return row, (decisions, latencies)
 
 
-def _plot(
-    name: str, timeline: tuple[list, list], arrivals: list[float], slo_s: float, path: Path, out: TextIO
-) -> Path | None:
+def _pyplot(out: TextIO, what: str) -> Any:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: skipping dynamics.png (pip install matplotlib)", file=out)
+        print(f"matplotlib is not installed: skipping {what} (pip install matplotlib)", file=out)
+        return None
+    return plt
+
+
+def _plot(
+    timelines: list[tuple[str, tuple[list, list]]], arrivals: list[float], slo_s: float, path: Path, out: TextIO
+) -> Path | None:
+    """``dynamics.png``: one column per policy (SlackFit first, then the baselines), the same four panels each."""
+    plt = _pyplot(out, "dynamics.png and frontier.png")
+    if plt is None:
         return None
     from scheduling.metrics import rate_series
 
-    decisions, latencies = timeline
     bin_s = 0.25
     rates = rate_series(arrivals, bin_s)
-    fig, axes = plt.subplots(4, 1, figsize=(8, 8.5), sharex=True)
-    axes[0].step([t for t, _ in rates], [r for _, r in rates], where="post")
-    axes[0].set_ylabel("ingest (req/s)")
-    ok = [(t, 1e3 * lat) for t, lat in latencies if lat <= slo_s]
-    late = [(t, 1e3 * lat) for t, lat in latencies if lat > slo_s]
-    axes[1].plot([t for t, _ in ok], [v for _, v in ok], ".", markersize=1, label="within SLO")
-    axes[1].plot([t for t, _ in late], [v for _, v in late], ".", markersize=2, color="tab:red", label="late")
-    axes[1].axhline(1e3 * slo_s, color="black", linestyle="--", linewidth=1, label=f"SLO {1e3 * slo_s:.1f} ms")
-    axes[1].set_ylabel("request latency (ms)")
-    axes[1].legend(loc="upper right", fontsize=7)
-    axes[2].plot([t for t, _, _ in decisions], [a for _, a, _ in decisions], ".", markersize=3)
-    axes[2].set_ylabel("subnet accuracy (val, %)")
-    axes[3].plot([t for t, _, _ in decisions], [b for _, _, b in decisions], ".", markersize=3)
-    axes[3].set_ylabel("batch size")
-    axes[3].set_xlabel("time (s)")
-    axes[0].set_title(f"{name} serving the digits supernet: system dynamics")
+    cols = len(timelines)
+    fig, grid = plt.subplots(4, cols, figsize=(4.2 * cols + 1, 8.5), sharex=True, sharey="row", squeeze=False)
+    for c, (name, (decisions, latencies)) in enumerate(timelines):
+        axes = grid[:, c]
+        axes[0].step([t for t, _ in rates], [r for _, r in rates], where="post")
+        ok = [(t, 1e3 * lat) for t, lat in latencies if lat <= slo_s]
+        late = [(t, 1e3 * lat) for t, lat in latencies if lat > slo_s]
+        axes[1].plot([t for t, _ in ok], [v for _, v in ok], ".", markersize=1, label="within SLO")
+        axes[1].plot([t for t, _ in late], [v for _, v in late], ".", markersize=2, color="tab:red", label="late")
+        axes[1].axhline(1e3 * slo_s, color="black", linestyle="--", linewidth=1, label=f"SLO {1e3 * slo_s:.1f} ms")
+        axes[2].plot([t for t, _, _ in decisions], [a for _, a, _ in decisions], ".", markersize=3)
+        axes[3].plot([t for t, _, _ in decisions], [b for _, _, b in decisions], ".", markersize=3)
+        axes[3].set_xlabel("time (s)")
+        axes[0].set_title(name)
+    grid[1, 0].legend(loc="upper right", fontsize=7)
+    for ax, label in zip(
+        grid[:, 0], ("ingest (req/s)", "request latency (ms)", "subnet accuracy (val, %)", "batch size"), strict=True
+    ):
+        ax.set_ylabel(label)
+    fig.suptitle("serving the digits supernet: system dynamics (first trial)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_frontier(rows: Sequence[PolicyResult], path: Path) -> Path | None:
+    """``frontier.png``: SLO attainment against label accuracy, one point per policy with one-standard-deviation error
+    bars over the trials; the frontier's points filled."""
+    plt = _pyplot(sys.stdout, "frontier.png")
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for r, best in zip(rows, frontier(rows), strict=True):
+        color = "tab:red" if r.policy.startswith("slackfit") else "tab:blue"
+        ax.errorbar(
+            r.accuracy,
+            r.slo_attainment,
+            xerr=r.accuracy_std,
+            yerr=r.slo_attainment_std,
+            fmt="o",
+            color=color,
+            mfc=color if best else "white",
+            capsize=3,
+        )
+        ax.annotate(r.policy, (r.accuracy, r.slo_attainment), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    trials = max((len(r.attainment_trials) for r in rows), default=1)
+    ax.set_xlabel("accuracy against the labels, on-time answers (%)")
+    ax.set_ylabel("SLO attainment")
+    ax.set_title(f"every policy, mean ± 1 sd over {trials} trial(s); filled: on the frontier")
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import is_int
 from .config import SubnetConfig
 from .errors import ArgumentTypeError, CheckpointError, ConfigError
 from .space import Space
@@ -31,6 +32,11 @@ FORMAT = "subnetact"
 FORMAT_VERSION = 2
 _READABLE_VERSIONS = (1, 2)
 _DIGEST_KEY = "subnetact.sha256"  # metadata key of the checksum of the tensors and the header (version 2)
+# Bounds on the JSON header, checked before (size) and right after (nesting) parsing it: a damaged or hostile file
+# must fail with CheckpointError, not a MemoryError or a RecursionError deep in json or in the header's readers. A
+# real header (a space, convert options, a few thousand subnets) is far below both.
+MAX_HEADER_BYTES = 64 << 20
+MAX_HEADER_DEPTH = 32
 _MODEL_PREFIX = "model."
 _STATS_PREFIX = "stats."
 _EXAMPLE_PREFIX = "example."  # tensors of the example inputs convert was given (see ``_encode_example``)
@@ -102,6 +108,26 @@ def _new_temp_file(path: Path) -> str:
     raise FileExistsError(f"could not create a temporary file next to {str(path)!r}")
 
 
+def _nesting_depth(doc: Any) -> int:
+    """How deeply lists and dicts nest in a parsed JSON document (iterative: any depth, no recursion)."""
+    deepest, stack = 0, [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = list(node.values())
+        if isinstance(node, list):
+            deepest = max(deepest, depth)
+            if depth > MAX_HEADER_DEPTH:  # enough to refuse it: do not walk the rest
+                return depth
+            stack.extend((child, depth + 1) for child in node if isinstance(child, (list, dict)))
+    return deepest
+
+
+def _short_error(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}" if isinstance(exc, RecursionError) else str(exc)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
 def load(
     path: str | os.PathLike,
     model_or_factory: nn.Module | Callable[[], nn.Module],
@@ -126,7 +152,9 @@ def load(
 
     Raises:
         CheckpointError: (a ``ValueError``) the file is missing, truncated or corrupted (the sha256 covers the
-            tensors and the header), was not written by subnetact, or does not match the model (space, keys, shapes,
+            tensors and the header; a JSON header over ``MAX_HEADER_BYTES`` (64 MiB) or nested deeper than
+            ``MAX_HEADER_DEPTH`` (32) is refused before it is used), was not written by subnetact, or does not match
+            the model (space, keys, shapes,
             dtypes, subnets). Every problem with the file raises this, and the model passed in is left as it was
             (a model converted by this call is unconverted again). Also raised when the model needs
             ``example_inputs`` to be converted and neither the call nor the file gives them; the message says so.
@@ -156,13 +184,21 @@ def load(
             metadata = f.metadata() or {}
             tensors = {key: f.get_tensor(key) for key in f.keys()}
         header_json = metadata[FORMAT]
-        header = json.loads(header_json)
+        if len(header_json) > MAX_HEADER_BYTES:
+            raise CheckpointError(
+                f"{where} has a {len(header_json):,}-byte header; a subnetact header is at most {MAX_HEADER_BYTES:,}"
+            )
+        header = json.loads(header_json)  # a RecursionError past ~1000 levels of nesting (caught below)
     except FileNotFoundError:
         raise CheckpointError(f"{where} does not exist") from None
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError) as exc:
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise CheckpointError(
-            f"{where} is not a readable subnetact checkpoint (truncated or corrupted?): {exc}"
+            f"{where} is not a readable subnetact checkpoint (truncated or corrupted?): {_short_error(exc)}"
         ) from None
+    if _nesting_depth(header) > MAX_HEADER_DEPTH:
+        raise CheckpointError(
+            f"{where} is not a readable subnetact checkpoint: its header nests deeper than {MAX_HEADER_DEPTH} levels"
+        )
     if not isinstance(header, dict):
         raise CheckpointError(f"{where} is not a readable subnetact checkpoint: its header is not a JSON object")
     version = header.get("format_version")
@@ -309,9 +345,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
     if not isinstance(subnets, list):
         raise CheckpointError(f"subnets must be a JSON list, got {subnets!r}")
     cache_bytes = header.get("weight_cache_bytes")  # absent in files written before the weight cache
-    if cache_bytes is not None and (
-        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0
-    ):
+    if cache_bytes is not None and (not is_int(cache_bytes) or cache_bytes < 0):
         raise CheckpointError(f"weight_cache_bytes must be null or an integer >= 0, got {cache_bytes!r}")
     return _SavedHeader(
         convert_config=ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}),

@@ -161,6 +161,15 @@ class LayerSelectList(_StageSelect, nn.ModuleList):
     def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._subnetact_state.current().entries[self._op_index])
 
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            if range(len(self))[idx] == range(len(self)):
+                # The owner's loop over all its layers (Llama: ``self.layers[: config.num_hidden_layers]``): the
+                # active subnet's layers, as iterating the list gives.
+                return self
+            return nn.ModuleList(list(self._modules.values())[idx])  # a plain list of those positions
+        return nn.ModuleList.__getitem__(self, idx)
+
     # ModuleList's repr iterates ``self`` (the active blocks only); show every block, as ``state_dict`` does.
     __repr__ = nn.Module.__repr__
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from torch import nn
 
 from ._registry import ClassRegistry
+from .checks import is_int, is_real
 from .errors import ConfigError, UnsupportedModelError
 from .handlers import OperatorEntry
 from .layer_select import PREFIX
@@ -44,11 +45,11 @@ class ConvertConfig:
         if not choices:
             raise ConfigError("width_choices=() must hold at least one fraction in (0, 1]")
         for w in choices:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= 1):
+            if not is_real(w) or not (0 < w <= 1):
                 raise ConfigError(f"width_choices={choices!r}: every value must be a number in (0, 1], got {w!r}")
         if list(choices) != sorted(set(choices)):
             raise ConfigError(f"width_choices={choices!r} must be strictly increasing")
-        if isinstance(self.min_depth, bool) or not isinstance(self.min_depth, int) or self.min_depth < 1:
+        if not is_int(self.min_depth) or self.min_depth < 1:
             raise ConfigError(f"min_depth={self.min_depth!r} must be an int >= 1")
 
     def to_dict(self) -> dict:
@@ -96,6 +97,9 @@ class ConversionPlan:
         operators: path -> :class:`~subnetact.handlers.OperatorEntry` of any registered kind.
         blocked: why channel groups were left at full width, most channels first (for the error when nothing is
             elastic).
+        check: called on the converted model after phase 2 (and after the example-input check), for an adapter's
+            own convert-time verification (the decoders: the largest subnet reproduces the original logits bit for
+            bit on a tiny input the adapter builds); an exception rolls the conversion back.
     """
 
     stages: list[StagePlan]
@@ -108,6 +112,7 @@ class ConversionPlan:
     links: dict[str, tuple[str, ...]] = field(default_factory=dict)
     operators: dict[str, OperatorEntry] = field(default_factory=dict)
     blocked: list[str] = field(default_factory=list)
+    check: Callable[[nn.Module], None] | None = None
 
     def entries(self) -> list[tuple[str, OperatorEntry]]:
         """Every operator to insert, ``(path, entry)``, in the order phase 2 inserts them: ``custom`` first (a custom
@@ -144,6 +149,8 @@ class ConversionPlan:
         """
         if other.prepare is not None:
             raise ConfigError("ConversionPlan.merge: the second plan has a prepare step; only the first may")
+        if other.check is not None:
+            raise ConfigError("ConversionPlan.merge: the second plan has a check step; only the first may")
         if other.custom and self.groups:
             raise ConfigError(
                 f"ConversionPlan.merge: the second plan's custom factories ({sorted(other.custom)}) cannot be "
@@ -185,6 +192,7 @@ class ConversionPlan:
             links=joined(self.links, other.links),
             operators=joined(self.operators, {p: shift_entry(e) for p, e in other.operators.items()}),
             blocked=list(self.blocked) + list(other.blocked),
+            check=self.check,
         )
 
 

@@ -7,6 +7,7 @@ the MRO, so the model stays an instance of its original class (``isinstance(mode
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -193,6 +194,58 @@ class SupernetMixin:
         )
 
 
+class GenerateMixin:
+    """Mixed in before :class:`SupernetMixin` for models with a ``generate`` method (Hugging Face decoders)."""
+
+    _subnetact: ActuationState
+
+    def generate(self, *args: Any, subnet: SubnetConfig | Mapping | None = None, **kwargs: Any) -> Any:
+        """The model's own ``generate``, running ``subnet`` (default: the active one) for every forward it makes.
+
+        Like ``model(x, subnet=cfg)`` it is thread-safe: the subnet is pinned in the calling thread for the whole
+        call, so other threads (and the default subnet) are unaffected.
+
+        Raises:
+            InvalidSubnetError: (a ``ValueError``) ``subnet`` is not a subnet of the space; nothing ran.
+        """
+        if subnet is None:
+            return super().generate(*args, **kwargs)
+        state = self._subnetact
+        plan = state.plan_for(subnet if isinstance(subnet, SubnetConfig) else SubnetConfig.from_dict(subnet))
+        local = state.local
+        pinned = getattr(local, "plan", None)
+        local.plan = plan
+        try:
+            return super().generate(*args, **kwargs)
+        finally:
+            local.plan = pinned
+
+
+def _forward_with_signature(base: type) -> Any:
+    """``SupernetMixin.forward`` carrying ``base.forward``'s signature plus ``subnet``, or None.
+
+    Hugging Face's ``generate`` inspects the forward's signature to decide which inputs to build
+    (``position_ids`` for left-padded prompts, ``attention_mask``); ``(*args, subnet, **kwargs)`` would hide them.
+    """
+    try:
+        signature = inspect.signature(base.forward)
+    except (TypeError, ValueError):
+        return None
+    params = list(signature.parameters.values())
+    if "subnet" in signature.parameters:
+        return None
+    subnet = inspect.Parameter("subnet", inspect.Parameter.KEYWORD_ONLY, default=None)
+    at = next((i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_KEYWORD), len(params))
+    params.insert(at, subnet)
+
+    def forward(self: SupernetMixin, *args: Any, subnet: SubnetConfig | None = None, **kwargs: Any) -> Any:
+        return SupernetMixin.forward(self, *args, subnet=subnet, **kwargs)
+
+    forward.__doc__ = SupernetMixin.forward.__doc__
+    forward.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
+    return forward
+
+
 _KEYWORD_CACHE_SIZE = 1024
 
 
@@ -234,7 +287,15 @@ def supernet_class(base: type) -> type:
     """The converted-root class for ``base`` (one per base class, so ``type(a) is type(b)`` for two ResNets)."""
     cls = _CLASS_CACHE.get(base)
     if cls is None:
-        cls = type(f"Supernet{base.__name__}", (SupernetMixin, base), {"_subnetact_base": base})
+        # Generative models (Hugging Face's GenerationMixin) also take ``subnet=`` in ``generate``.
+        namespace: dict[str, Any] = {"_subnetact_base": base}
+        mixins: tuple[type, ...] = (SupernetMixin,)
+        if callable(getattr(base, "generate", None)):
+            mixins = (GenerateMixin, SupernetMixin)
+            forward = _forward_with_signature(base)
+            if forward is not None:
+                namespace["forward"] = forward
+        cls = type(f"Supernet{base.__name__}", (*mixins, base), namespace)
         cls.__module__ = __name__
         _CLASS_CACHE[base] = cls
     return cls

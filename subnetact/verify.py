@@ -89,20 +89,34 @@ def candidate_calls(model: nn.Module, example_inputs: Any) -> list[Call]:
     """The example calls to try, in order: the caller's, else ones built from the model's first layer."""
     if example_inputs is not None:
         return [example_call(example_inputs)]
-    first = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))), None)
+    first = next((m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Conv3d, nn.Linear))), None)
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
     gen = torch.Generator().manual_seed(0)
-    if isinstance(first, nn.Conv2d):
-        sizes = _declared_image_size(model)
+    if isinstance(first, (nn.Conv2d, nn.Conv3d)):
+        sizes = _declared_image_size(model) or [(s, s) for s in IMAGE_SIZES]
+        # Last resort: the size timm's pretrained_cfg names (models that need e.g. 256 px windows); not first, since
+        # a small forward keeps convert fast.
+        cfg_size = _pretrained_cfg_size(model)
+        if cfg_size is not None and cfg_size not in sizes:
+            sizes.append(cfg_size)
+        frames = (8,) if isinstance(first, nn.Conv3d) else ()  # video models (torchvision's r3d_18): 8 frames
         return [
-            ((torch.randn(1, first.in_channels, h, w, generator=gen).to(device, dtype),), {})
-            for h, w in (sizes or [(s, s) for s in IMAGE_SIZES])
+            ((torch.randn(1, first.in_channels, *frames, h, w, generator=gen).to(device, dtype),), {})
+            for h, w in sizes
         ]
     if isinstance(first, nn.Linear):
         return [((torch.randn(2, first.in_features, generator=gen).to(device, dtype),), {})]
     return []
+
+
+def _pretrained_cfg_size(model: nn.Module) -> tuple[int, int] | None:
+    """``(H, W)`` of timm's ``pretrained_cfg["input_size"]`` (``(C, H, W)``), if the model has one."""
+    size = (getattr(model, "pretrained_cfg", None) or {}).get("input_size")
+    if not isinstance(size, (tuple, list)) or len(size) != 3:
+        return None
+    return int(size[1]), int(size[2])
 
 
 def _declared_image_size(model: nn.Module) -> list[tuple[int, int]] | None:

@@ -103,7 +103,37 @@ def test_bad_input_registers_nothing():
     def explode(m, batch):
         raise RuntimeError("boom")
 
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(
+        subnetact.ConfigError, match=r"batch 0 \(a Tensor, tensor shapes \[\(2, 3, 32, 32\)\]\) .*boom"
+    ):
         subnetact.calibrate(model, [image_batch()], subnets=[good], forward_fn=explode)
+    with pytest.raises(subnetact.ConfigError, match=r"batch 1 .*\(2, 5, 32, 32\).*RuntimeError"):
+        subnetact.calibrate(model, [image_batch(), torch.randn(2, 5, 32, 32)], subnets=[good])
+    with pytest.raises(subnetact.ConfigError, match="ran no SubnetNorm"):
+        subnetact.calibrate(model, [image_batch()], subnets=[good], forward_fn=lambda m, b: None)
     assert model.registered_subnets == ()
     assert model.training is False
+
+
+@pytest.mark.parametrize("arch", ["googlenet", "inception_v3"])
+def test_torchvision_aux_heads_are_skipped_with_a_note(arch):
+    # As built by default, GoogLeNet and Inception-v3 hold auxiliary classifiers that run only in training: calibrate
+    # skips their norms with a note (it raised a raw RuntimeError) and the calibrated subnets equal their exports.
+    import torchvision
+
+    from subnetact.verify import relative_difference
+
+    torch.manual_seed(0)
+    model = torchvision.models.get_model(arch, init_weights=False).eval()
+    assert model.aux_logits
+    subnetact.convert(model)
+    size = 128 if arch == "inception_v3" else 32  # the size convert picked (Inception pools below 75 px)
+    batches = [torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    served = [model.space.min(), model.space.sample(0)]
+    with pytest.warns(UncalibratedSubnetWarning, match=r"never ran in eval mode \('(aux1|AuxLogits)\.") as caught:
+        subnetact.calibrate(model, batches, subnets=served)
+    assert len(caught) == 1
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        for cfg in served:  # float32 rounding apart (strided slices vs contiguous copies): 1e-6 of the output's scale
+            assert relative_difference(model(x, subnet=cfg), subnetact.export(model, cfg).eval()(x)) < 1e-5

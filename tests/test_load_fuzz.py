@@ -3,7 +3,7 @@
 Contract: each load either succeeds bit-identically (same tensors, statistics, active subnet) or raises
 ``CheckpointError`` and nothing else, and the model passed in is left exactly as it was (an unconverted model is
 handed back unconverted). ``SUBNETACT_FUZZ_MUTATIONS`` sets the number of hypothesis examples (default 30; the issue's
-target run uses 10,000).
+target run uses 10,000, as does ``benchmarks/soak_load_fuzz.py``, which also fuzzes deep nesting).
 """
 
 from __future__ import annotations
@@ -171,3 +171,45 @@ def test_version_1_file_still_loads(tmp_path):
     assert loaded.active == ORIGINAL.active
     state = loaded.state_dict()
     assert all(torch.equal(state[k], v) for k, v in REFERENCE.items())
+
+
+def _with_inner_text(inner_text: str, version: int) -> bytes:
+    """The saved file with its subnetact header replaced by ``inner_text`` verbatim (it may not be valid JSON)."""
+    outer = json.loads(RAW[8 : 8 + HEADER_LEN])
+    outer["__metadata__"]["subnetact"] = inner_text
+    if version == 1:
+        del outer["__metadata__"]["subnetact.sha256"]
+    new = json.dumps(outer).encode()
+    new += b" " * (-len(new) % 8)
+    return struct.pack("<Q", len(new)) + new + RAW[8 + HEADER_LEN :]
+
+
+def _deep_header(depth: int, version: int) -> str:
+    inner = json.loads(json.loads(RAW[8 : 8 + HEADER_LEN])["__metadata__"]["subnetact"])
+    if version == 1:
+        inner["format_version"] = 1
+    text = json.dumps(inner)
+    return text[:-1] + ', "extra": ' + "[" * depth + "]" * depth + "}"
+
+
+@pytest.mark.parametrize("depth", [40, 500, 5000, 200_000])
+@pytest.mark.parametrize("version", [1, 2])
+def test_deeply_nested_header_raises_checkpoint_error(tmp_path, depth, version):
+    # The audit: json.loads raised RecursionError (not CheckpointError) on a header nested ~500 deep, before the
+    # checksum. Version 1 headers are not covered by the checksum, so nesting below the recursion limit must be
+    # refused by the depth bound itself.
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(_with_inner_text(_deep_header(depth, version), version))
+    model = _model(2, converted=True)
+    snap = _snapshot(model)
+    with pytest.raises(CheckpointError, match="nests deeper than 32 levels|RecursionError"):
+        subnetact.load(path, model)
+    assert _unchanged(model, snap)
+
+
+def test_oversized_header_raises_checkpoint_error_before_parsing(tmp_path, monkeypatch):
+    monkeypatch.setattr(subnetact.io, "MAX_HEADER_BYTES", 1000)
+    path = tmp_path / "big.safetensors"
+    path.write_bytes(RAW)
+    with pytest.raises(CheckpointError, match=r"-byte header; a subnetact header is at most 1,000"):
+        subnetact.load(path, _model(2, converted=True))

@@ -7,6 +7,8 @@ Python, weight norm (legacy hook and parametrization), auxiliary heads that run 
 - ``convert`` either raises :class:`subnetact.UnsupportedModelError` (never a builtin exception), leaving the model
   exactly as it was, or returns a supernet whose largest subnet is the original bit for bit and whose smallest, a
   random and the largest subnet each equal their own ``export()`` on a fresh input (not the one convert checked);
+- calibrating the smallest and a random subnet raises nothing (a norm that runs only in training is skipped with a
+  note) and keeps that parity;
 - rows listed as ``refused`` must be refused and name the blocking module and operation in the message, rows listed
   as ``converts`` must convert with at least one elastic dimension (so the table cannot pass by refusing everything).
 """
@@ -128,6 +130,29 @@ def weight_norm_legacy() -> nn.Module:
 
 def weight_norm_parametrized() -> nn.Module:
     return Mlp(wrap=nn.utils.parametrizations.weight_norm)
+
+
+class ConvNetWeightNormHead(nn.Module):
+    """Convolutions (elastic) and a weight-normalised linear head (kept full width)."""
+
+    def __init__(self, wrap: Callable[[nn.Module], nn.Module]) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 12, 3, padding=1)
+        self.head = wrap(nn.Linear(12, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(F.relu(self.conv2(F.relu(self.conv1(x)))).mean((2, 3)))
+
+
+def weight_norm_head_legacy() -> nn.Module:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return ConvNetWeightNormHead(nn.utils.weight_norm)
+
+
+def weight_norm_head_parametrized() -> nn.Module:
+    return ConvNetWeightNormHead(nn.utils.parametrizations.weight_norm)
 
 
 class AuxHeadNet(nn.Module):
@@ -304,6 +329,8 @@ TABLE = {
     "weight_norm_parametrized": Row(
         weight_norm_parametrized, vector(10), "refused", r"'fc1'.*computed by a parametrization: _WeightNorm"
     ),
+    "weight_norm_head_legacy": Row(weight_norm_head_legacy, image(), "converts"),
+    "weight_norm_head_parametrized": Row(weight_norm_head_parametrized, image(), "converts"),
     "aux_head": Row(AuxHeadNet, image(), "converts"),
     "module_list_loop": Row(ModuleListLoop, vector(6), "converts"),
     "chunk_split": Row(ChunkGlu, image(), "refused", r"chunk at '<root>'"),
@@ -361,4 +388,16 @@ def test_model_users_write_converts_with_parity_or_is_refused_cleanly(name):
     with torch.no_grad():
         assert relative_difference(model(x, subnet=model.space.max()), original(x)) == 0
     for cfg in (model.space.min(), model.space.sample(3), model.space.max()):
+        _assert_export_parity(model, x, cfg)
+    # Calibrated (the served set), still with parity, and no builtin exception from calibrate either.
+    served = [model.space.min(), model.space.sample(3)]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        subnetact.calibrate(model, [row.example(11), row.example(12)], subnets=served)
+    notes = [str(w.message) for w in caught if issubclass(w.category, subnetact.UncalibratedSubnetWarning)]
+    if name == "aux_head":  # its auxiliary classifier runs only in training: skipped, with a note naming it
+        assert len(notes) == 1 and "'aux.1'" in notes[0] and "never ran in eval mode" in notes[0], notes
+    else:
+        assert not notes, notes
+    for cfg in served:
         _assert_export_parity(model, x, cfg)

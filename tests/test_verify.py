@@ -202,3 +202,56 @@ def test_rounding_is_told_apart_from_a_real_difference():
     assert _agree(rounded, exported, copy.deepcopy(dense), call)[0]
     assert not _agree(exported * (1 + 2e-3), exported, copy.deepcopy(dense), call)[0]
     assert not _agree(exported[:, :32], exported, copy.deepcopy(dense), call)[0]
+
+
+# -- example inputs convert builds ---------------------------------------------------------------------------------
+class _Needs40(nn.Module):
+    """Takes only 40x40 images (a window size, say), and says so the way timm models do."""
+
+    pretrained_cfg = {"input_size": (3, 40, 40)}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        assert x.shape[-2:] == (40, 40), "windows of 40 pixels"
+        return self.conv2(torch.relu(self.conv1(x))).mean((2, 3))
+
+
+class _Video(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv3d(3, 8, 3, padding=1)
+        self.fc1 = nn.Linear(8, 24)
+        self.fc2 = nn.Linear(24, 4)
+
+    def forward(self, x):  # (N, C, T, H, W)
+        return self.fc2(torch.relu(self.fc1(torch.relu(self.conv(x)).mean((2, 3, 4)))))
+
+
+@pytest.mark.parametrize("build", [_Needs40, _Video])
+def test_convert_builds_inputs_from_pretrained_cfg_and_for_video_models(build):
+    torch.manual_seed(0)
+    model = build().eval()
+    subnetact.convert(model)
+    assert "width" in model.space.dims
+
+
+def test_a_resnet_with_frozen_batchnorm_falls_back_to_the_trace():
+    # Detection backbones: the built-in ResNet rule declines blocks with FrozenBatchNorm2d (it was refused), and the
+    # traced analysis converts them (depth; FrozenBatchNorm2d keeps the channels full width), verified as always.
+    from torchvision.models.resnet import BasicBlock, ResNet
+    from torchvision.ops.misc import FrozenBatchNorm2d
+
+    torch.manual_seed(0)
+    model = ResNet(BasicBlock, [2, 2, 1, 1], num_classes=5, norm_layer=FrozenBatchNorm2d).eval()
+    reference = copy.deepcopy(model)
+    subnetact.convert(model)
+    assert [e.choices for e in model.space.entries("depth")][:2] == [(1, 2), (1, 2)]
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), reference(x), rtol=0, atol=0)
+        cfg = model.space.min()
+        torch.testing.assert_close(model(x, subnet=cfg), subnetact.export(model, cfg).eval()(x), rtol=0, atol=0)

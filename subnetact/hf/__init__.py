@@ -1,5 +1,7 @@
 """Hugging Face ``transformers`` encoders as DynaBERT-style supernets: BERT, RoBERTa, ELECTRA, XLM-RoBERTa,
-DistilBERT, DeBERTa-v2, ViT and DeiT built in (issues 5 and 11); other encoders through :func:`register_family`.
+DistilBERT, DeBERTa-v2, ViT, DeiT, CLIP (text and vision) and Wav2Vec2 built in (issues 5, 11 and 21), and any model
+class whose encoder layers have one of their layouts (CamemBERT, ``BertForMaskedLM``, HuBERT, ...: found by layout,
+verified, then registered); other encoders through :func:`register_family`.
 
 Importing this package registers the model adapters by class name; it never imports ``transformers``.
 
@@ -16,7 +18,21 @@ from __future__ import annotations
 
 from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
 from .adapter import active_heads, active_neurons, register_family
-from .families import BERT, DEBERTA_V2, DEIT, DISTILBERT, ELECTRA, ROBERTA, VIT, XLM_ROBERTA, TransformerFamily
+from .decoder_reorder import DecoderReorderResult, reorder_decoder
+from .decoders import GEMMA, GEMMA2, GPT2, LLAMA, MISTRAL, OPT, PHI3, QWEN2, QWEN3, DecoderFamily, register_decoder
+from .families import (
+    BERT,
+    CLIP,
+    DEBERTA_V2,
+    DEIT,
+    DISTILBERT,
+    ELECTRA,
+    ROBERTA,
+    VIT,
+    WAV2VEC2,
+    XLM_ROBERTA,
+    TransformerFamily,
+)
 from .reorder import ReorderResult, reorder
 
 _MODELS = "transformers.models."
@@ -30,23 +46,48 @@ _BUILTIN = (
     (DEBERTA_V2, "deberta_v2.modeling_deberta_v2", "DebertaV2", ("ForSequenceClassification",)),
     (VIT, "vit.modeling_vit", "ViT", ("ForImageClassification",)),
     (DEIT, "deit.modeling_deit", "DeiT", ("ForImageClassification", "ForImageClassificationWithTeacher")),
+    (WAV2VEC2, "wav2vec2.modeling_wav2vec2", "Wav2Vec2", ("ForSequenceClassification", "ForCTC")),
 )
 for _family, _module, _prefix, _heads in _BUILTIN:
     register_family(_family, [f"{_MODELS}{_module}.{_prefix}{suffix}" for suffix in ("Model", *_heads)])
+# CLIP's towers one at a time (CLIPModel holds two layer lists, one per tower: refused, naming both).
+register_family(
+    CLIP,
+    [
+        f"{_MODELS}clip.modeling_clip.CLIP{tower}{suffix}"
+        for tower in ("Text", "Vision")
+        for suffix in ("Model", "ModelWithProjection")
+    ],
+)
 
 __all__ = [
     "BERT",
+    "CLIP",
     "DEBERTA_V2",
     "DEIT",
     "DISTILBERT",
     "ELECTRA",
+    "GEMMA",
+    "GEMMA2",
+    "GPT2",
+    "LLAMA",
+    "MISTRAL",
+    "OPT",
+    "PHI3",
+    "QWEN2",
+    "QWEN3",
     "ROBERTA",
     "VIT",
+    "WAV2VEC2",
     "XLM_ROBERTA",
+    "DecoderFamily",
+    "DecoderReorderResult",
     "ReorderResult",
     "TransformerFamily",
     "active_heads",
     "active_neurons",
+    "register_decoder",
     "register_family",
     "reorder",
+    "reorder_decoder",
 ]

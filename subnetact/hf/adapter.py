@@ -54,7 +54,9 @@ def active_neurons(width: float, size: int) -> int:
 MIN_TRANSFORMERS = (5, 9)
 
 
-def _check_transformers_version() -> None:
+def check_transformers_version() -> None:
+    """Raise :class:`~subnetact.UnsupportedModelError` if the installed transformers is older than
+    :data:`MIN_TRANSFORMERS` (encoders and decoders alike)."""
     # transformers 4.x BERT reshapes q/k/v with its fixed ``num_attention_heads`` (narrower projections would fail
     # in view()); before 5.9 ViT keeps ``encoder.layer`` and ``attention_head_size`` instead of ``layers`` and
     # ``head_dim``. The model's own module is already imported, so this imports nothing.
@@ -83,7 +85,7 @@ def analyse(
     a tiny forward with hooks), so a family whose layers are shared or whose attention cannot run fewer heads is
     refused here instead of converting into a silently wrong supernet.
     """
-    _check_transformers_version()
+    check_transformers_version()
     hf_config = getattr(model, "config", None)
     if getattr(hf_config, "is_decoder", False) or getattr(hf_config, "add_cross_attention", False):
         raise UnsupportedModelError(

@@ -127,6 +127,39 @@ DEBERTA_V2 = TransformerFamily(
     head_count_per_subnet=True,
 )
 
+CLIP = TransformerFamily(
+    name="clip",
+    layer_class="CLIPEncoderLayer",
+    attention="self_attn",
+    query="self_attn.q_proj",
+    key="self_attn.k_proj",
+    value="self_attn.v_proj",
+    out="self_attn.out_proj",
+    fc1="mlp.fc1",
+    fc2="mlp.fc2",
+    heads_attr="num_heads",
+    head_size_attr="head_dim",
+    all_head_size_attr=None,
+)
+WAV2VEC2 = TransformerFamily(
+    name="wav2vec2",
+    layer_class="Wav2Vec2EncoderLayer",
+    attention="attention",
+    query="attention.q_proj",
+    key="attention.k_proj",
+    value="attention.v_proj",
+    out="attention.out_proj",
+    fc1="feed_forward.intermediate_dense",
+    fc2="feed_forward.output_dense",
+    heads_attr="num_heads",
+    head_size_attr="head_dim",
+    all_head_size_attr=None,
+)
+
+#: Every built-in family, in the order a model of no registered class is matched against them by layout (see
+#: :func:`family_by_layout`); families with the same module paths (BERT, RoBERTa, ELECTRA, ...) match alike.
+BUILTIN_FAMILIES = (BERT, ROBERTA, ELECTRA, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, VIT, DEIT, CLIP, WAV2VEC2)
+
 # "module.QualName" of each supported model class -> its family.
 _FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
 # Layer class name -> the family last registered with it, to name the family in an unregistered model's error.
@@ -278,3 +311,45 @@ def all_layer_parts(
     """The layer list's path and every layer's parts, in order."""
     path, layers = find_layers(model, family)
     return path, [layer_parts(f"{path}.{name}", layer, family, plain=plain) for name, layer in layers.named_children()]
+
+
+def family_by_layout(model: nn.Module, path: str, layers: nn.ModuleList) -> TransformerFamily | None:
+    """A family describing ``layers`` (a model's list of encoder layers at ``path``) by its module paths and shapes,
+    whatever the classes are called: CamemBERT's ``CamembertLayer`` has RoBERTa's layout, HuBERT's
+    ``HubertEncoderLayer`` Wav2Vec2's. A family registered for the layers' class is tried first, then every
+    registered and built-in one; the match is renamed to the layers' class. None: no family fits (the caller
+    refuses). What matches is still verified on the model before anything changes (:func:`subnetact.hf.verify`).
+    """
+    layer_class = type(layers[0]).__name__
+    if any(type(layer).__name__ != layer_class for layer in layers):
+        return None
+    candidates = [_BY_LAYER_CLASS.get(layer_class), *_BY_LAYER_CLASS.values(), *BUILTIN_FAMILIES]
+    seen: set[TransformerFamily] = set()
+    for family in candidates:
+        if family is None or family in seen:
+            continue
+        seen.add(family)
+        renamed = replace(family, layer_class=layer_class)
+        try:
+            for name, layer in layers.named_children():
+                layer_parts(f"{path}.{name}", layer, renamed)
+        except UnsupportedModelError:
+            continue
+        return renamed
+    return None
+
+
+def layout_mismatches(path: str, layers: nn.ModuleList) -> list[tuple[str, str]]:
+    """``(family name, why its layout does not fit)`` for each distinct built-in layout, on the first layer: what a
+    refusal of an unknown encoder names."""
+    found, seen_layouts = [], set()
+    for family in BUILTIN_FAMILIES:
+        layout = (family.attention, family.query, family.out, family.fc1, family.fc2)
+        if layout in seen_layouts:
+            continue
+        seen_layouts.add(layout)
+        try:
+            layer_parts(f"{path}.0", layers[0], replace(family, layer_class=type(layers[0]).__name__))
+        except UnsupportedModelError as exc:
+            found.append((family.name, str(exc)))
+    return found

@@ -17,7 +17,8 @@ from torch import nn
 from .._registry import qualified_name
 from ..errors import UnsupportedModelError
 from ..plan import ConversionPlan, ConvertConfig, register_model_adapter
-from .families import TransformerFamily, family_of_layer_class
+from .adapter import analyse, register_family
+from .families import TransformerFamily, family_by_layout, family_of_layer_class, layout_mismatches
 
 PRETRAINED_MODEL = "transformers.modeling_utils.PreTrainedModel"
 
@@ -57,8 +58,19 @@ def _hint(model: nn.Module) -> str:
                 f"({type(layers[0]).__name__}) are those of the family {_public_name(family)}: call "
                 f"subnetact.hf.register_family({_public_name(family)}, [{qualname!r}]) before convert"
             )
+    lists = _layer_lists(model)
+    why = ""
+    if len(lists) == 1:
+        path, layers = lists[0]
+        why = (
+            f" Its layers {path!r} ({type(layers[0]).__name__}) have the layout of no built-in family: "
+            + "; ".join(f"{name}: {reason}" for name, reason in layout_mismatches(path, layers))
+            + "."
+        )
+    elif len(lists) > 1:
+        why = f" It has {len(lists)} lists of attention layers ({', '.join(repr(p) for p, _ in lists)}), not one."
     return (
-        f"{type(model).__qualname__} is a Hugging Face model of no registered class: describe its encoder layer "
+        f"{type(model).__qualname__} is a Hugging Face model of no registered class.{why} Describe its encoder layer "
         f"with a subnetact.hf.TransformerFamily and call subnetact.hf.register_family(family, [{qualname!r}]) "
         "(see docs/transformers.md); subnetact.register_block_rule does not apply to transformers"
     )
@@ -67,11 +79,25 @@ def _hint(model: nn.Module) -> str:
 def unregistered_adapter(
     model: nn.Module, config: ConvertConfig, filter_fn: Callable[[nn.Module, str], bool] | None
 ) -> ConversionPlan | None:
-    """Model adapter for Hugging Face classes without a family (see the module docstring): refuses a model with an
-    encoder-like layer list, and returns None for any other, so convert's default (traced, verified) analysis runs."""
-    if _layer_lists(model):
-        raise UnsupportedModelError(_hint(model))
-    return None
+    """Model adapter for Hugging Face classes without a family (see the module docstring).
+
+    A model whose one encoder-like layer list has the layout of a registered or built-in family
+    (:func:`~subnetact.hf.families.family_by_layout`: CamemBERT, ``BertForMaskedLM``, CLIP, HuBERT) is converted
+    with that family, which is then registered for its class (so ``export`` and ``reorder`` know it); the family is
+    verified on the model first, and a model it does not describe is refused naming what blocks it. A model with
+    layer lists no family fits is refused with the :func:`subnetact.hf.register_family` call to make; any other
+    model (a convolutional one) returns None and goes on to convert's default (traced, verified) analysis.
+    """
+    lists = _layer_lists(model)
+    if not lists:
+        return None
+    if len(lists) == 1:
+        family = family_by_layout(model, *lists[0])
+        if family is not None:
+            plan = analyse(model, config, filter_fn, family)
+            register_family(family, [qualified_name(type(model))])
+            return plan
+    raise UnsupportedModelError(_hint(model))
 
 
 register_model_adapter(PRETRAINED_MODEL)(unregistered_adapter)

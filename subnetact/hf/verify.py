@@ -63,6 +63,14 @@ def default_example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
         if isinstance(h, int) and isinstance(w, int):
             dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
             return {"pixel_values": torch.randn(2, channels, h, w, generator=gen).to(device, dtype)}
+    kernels, strides = getattr(cfg, "conv_kernel", None), getattr(cfg, "conv_stride", None)
+    if name == "input_values" and kernels and strides and len(kernels) == len(strides):
+        # Raw audio (Wav2Vec2, HuBERT): the shortest waveform whose convolutional feature encoder gives 8 frames.
+        length = 8
+        for kernel, stride in zip(reversed(kernels), reversed(strides)):
+            length = (length - 1) * stride + kernel
+        dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+        return {"input_values": torch.randn(2, length, generator=gen).to(device, dtype)}
     raise UnsupportedModelError(
         f"{type(model).__qualname__}: cannot build a tiny example input to verify its transformer family "
         f"(main_input_name={name!r}); pass example_inputs=lambda model: {{...}} to subnetact.hf.register_family"

@@ -1,7 +1,9 @@
 """Block rules: how ``convert`` finds the elastic channels inside a block type.
 
 A rule is a function ``block -> BlockSpec`` registered for a block class with :func:`register_block_rule`. The
-registry is looked up along the block's MRO, so a rule for a base class covers its subclasses. Built-in rules for
+registry is looked up along the block's MRO, so a rule for a base class covers its subclasses. A rule may return
+None for a block it does not describe (the built-in ResNet rules do for blocks built with ``FrozenBatchNorm2d``):
+that block's whole stage then goes to the traced analysis. Built-in rules for
 third-party classes (torchvision) are registered by qualified class name, so importing subnetact never imports
 torchvision.
 
@@ -64,7 +66,7 @@ class BlockSpec:
     skippable: bool
 
 
-BlockRule = Callable[[nn.Module], BlockSpec]
+BlockRule = Callable[[nn.Module], "BlockSpec | None"]
 
 
 _RULES: ClassRegistry[BlockRule] = ClassRegistry()  # built-ins: subnetact/builtins.py

@@ -3,7 +3,9 @@
 
 - :class:`ServingApp`: the ASGI front end (``POST /predict``, ``/healthz``, ``/readyz``, ``/metrics``).
 - :func:`serve`: run it on uvicorn with header/body timeouts and a graceful drain on SIGTERM.
-- :class:`LocalBackend`: an in-process :class:`scheduling.Scheduler` behind the front end.
+- :class:`LocalBackend`: an in-process :class:`scheduling.Scheduler` behind the front end, with an online
+  :class:`scheduling.LatencyModel` correcting its profile.
+- :class:`PlanGuard`: ``/readyz`` is 503 while no subnet can meet the deadline budget; probes until one can.
 - :class:`ModelSpec` / :class:`SupernetRunner`: load a :func:`subnetact.save` file and run batches on its subnets.
 - :mod:`subnetact.serving.codec`: the JSON and safetensors request formats.
 
@@ -14,6 +16,7 @@ package; importing this package imports neither starlette, uvicorn nor ray (they
 from .app import ServingApp
 from .backend import Backend, LocalBackend, make_policy, wall_to_monotonic
 from .codec import RequestError, decode_json, decode_tensor, encode_tensor
+from .plan_guard import PlanGuard, PlanStatus
 from .runner import ModelSpec, SupernetRunner
 from .server import make_server, serve, timed_protocol
 
@@ -21,6 +24,8 @@ __all__ = [
     "Backend",
     "LocalBackend",
     "ModelSpec",
+    "PlanGuard",
+    "PlanStatus",
     "RequestError",
     "ServingApp",
     "SupernetRunner",

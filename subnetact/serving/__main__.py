@@ -33,9 +33,13 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in ``--help``."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m subnetact.serving", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m subnetact.serving", description=__doc__, formatter_class=_HelpFormatter
     )
     model = p.add_argument_group("model")
     model.add_argument("--digits", action="store_true", help="serve the shipped digits supernet")
@@ -45,7 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--input-shape", type=_shape, help="one request's input shape, e.g. 3,224,224")
     model.add_argument("--postprocess", default="argmax", choices=["argmax", "logits"])
     model.add_argument("--device", default="cpu")
-    model.add_argument("--threads", type=int, default=None, help="torch threads")
+    model.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's; 1 with --digits)"
+    )
     sched = p.add_argument_group("scheduling")
     sched.add_argument(
         "--policy",
@@ -54,6 +60,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sched.add_argument("--workers", type=int, default=1, help="worker threads, one batch at a time each")
     sched.add_argument("--max-queue", type=int, default=1000, help="beyond it: 429")
+    sched.add_argument(
+        "--latency-stat",
+        default=None,
+        choices=["mean", "p99"],
+        help="what the policy plans with (default: the policy's own: p99 for slackfit, mean for the baselines; p99 "
+        "with the latency model includes the live spread of batch times)",
+    )
+    sched.add_argument(
+        "--static-profile",
+        action="store_true",
+        help="plan with the profile as given, never corrected from measured batch times (no latency model)",
+    )
     http = p.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1")
     http.add_argument("--port", type=int, default=8000)
@@ -79,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.digits:
         from .digits import digits_spec
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        spec = digits_spec(args.profile, threads=args.threads)
+        # One intra-op thread: the digits supernet is too small for more to pay, and on a busy 2-core machine two
+        # threads that wait for each other made the start-up profile 30-380x too slow (issue 20).
+        threads = 1 if args.threads is None else args.threads
+        torch.set_num_threads(threads)
+        if args.profile is None:
+            logging.getLogger("subnetact.serving").info("profiling the digits supernet on this machine ...")
+        spec = digits_spec(args.profile, threads=threads)
     else:
         missing = [f"--{n}" for n in ("checkpoint", "factory", "profile") if getattr(args, n) is None]
         if args.input_shape is None:
@@ -93,7 +115,15 @@ def main(argv: list[str] | None = None) -> int:
             args.checkpoint, args.factory, args.profile, args.input_shape, args.postprocess, args.device, args.threads
         )
     runner = spec.build()
-    backend = LocalBackend(runner, runner.profile, policy=args.policy, workers=args.workers, max_queue=args.max_queue)
+    backend = LocalBackend(
+        runner,
+        runner.profile,
+        policy=args.policy,
+        workers=args.workers,
+        max_queue=args.max_queue,
+        latency_model=not args.static_profile,
+        latency_stat=args.latency_stat,
+    )
     app = ServingApp(
         backend,
         input_shape=spec.input_shape,

@@ -32,8 +32,10 @@ cost is bounded by ``max_body_bytes``, whose default (:func:`~subnetact.serving.
 largest valid body for the input shape: anything larger is refused with 413 before parsing.
 
 - ``GET /healthz``: 200 while the process serves HTTP (liveness).
-- ``GET /readyz``: 200 when a request would be served now; 503 while draining, without a live worker, or while every
-  worker is stuck (``{"ready": false, "reason": ...}``; readiness).
+- ``GET /readyz``: 200 when a request would be served now; 503 while draining, without a live worker, while every
+  worker is stuck, or while no subnet can meet ``default_deadline_ms`` by the backend's current plan
+  (``{"ready": false, "reason": ...}``; readiness; see :class:`~subnetact.serving.PlanGuard`, which also probes the
+  backend until its plan recovers).
 - ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
 - ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length.
 """
@@ -71,6 +73,7 @@ from .codec import (
     parse_budget_ms,
 )
 from .metrics import ServingMetrics
+from .plan_guard import PlanGuard
 
 __all__ = ["ServingApp"]
 
@@ -151,6 +154,7 @@ class ServingApp:
         self.metrics = ServingMetrics(
             queue_length=backend.queue_len, stuck_workers=getattr(backend, "stuck_workers", None)
         )
+        self.plan_guard = PlanGuard(backend, budget_s=self.default_deadline_ms / 1e3, input_shape=self.input_shape)
         backend.set_batch_observer(self.metrics.batch_size.observe)
         self._app = Starlette(
             routes=[
@@ -323,6 +327,9 @@ class ServingApp:
                     503, {"ready": False, "reason": f"every worker is stuck ({stuck()} past a deadline + grace)"}
                 )
             return self._json(503, {"ready": False, "reason": "no live worker"})
+        plan = self.plan_guard.check()
+        if not plan.feasible:
+            return self._json(503, {"ready": False, "reason": plan.reason})
         return self._json(200, {"ready": True})
 
     async def _metrics(self, request):
@@ -339,7 +346,14 @@ class ServingApp:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app):
-        yield
+        # Logs the plan and, while no subnet can meet the budget, probes the backend so that its plan recovers.
+        guard = asyncio.get_running_loop().create_task(self.plan_guard.run())
+        try:
+            yield
+        finally:
+            guard.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await guard
         # uvicorn has stopped accepting and finished the in-flight requests; serve what is still queued, then stop.
         self.begin_drain()
         await self.backend.close()

@@ -22,6 +22,10 @@
   sends each a batch only when it is idle, as in the paper. ``reconfigure({"num_workers": n})`` (Serve's
   ``user_config``) or :meth:`Router.scale` adds or removes workers while serving; a removed worker finishes its
   batch first.
+- **Deadlines on the router's clock.** With every worker busy (or hung) the router still applies the drop rule to its
+  queue when the head's time comes, and a request whose batch is still running on a worker at its deadline +
+  ``deadline_grace_s`` (0.5 s) is answered ``DeadlineMissedError`` (HTTP 504); the worker is marked stuck (logged,
+  counted in :meth:`Router.stats`, not ready) until its call returns, and its late results are dropped.
 - **Worker death.** A batch whose worker dies is put back in the queue once (it is retried on another worker if its
   deadline still allows, else dropped as missed); if a retried request's worker dies too, it fails with
   ``WorkerFailedError`` (HTTP 503). Every request completes exactly once: the router holds one future per request.
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -54,9 +59,10 @@ from scheduling import (
     dispatch_step,
     plan_batch,
 )
+from scheduling.dispatch import WAKE_FLOOR_S
 
 from .app import ServingApp
-from .backend import make_policy, wall_to_monotonic
+from .backend import PROFILE_ERROR_LIMIT, make_policy, wall_to_monotonic
 from .runner import ModelSpec
 
 __all__ = [
@@ -67,6 +73,8 @@ __all__ = [
     "build_app",
     "serve_batch_app",
 ]
+
+_log = logging.getLogger("subnetact.serving")
 
 WORKER_NAMESPACE = "subnetact"
 """The Ray namespace of the worker actors."""
@@ -94,6 +102,8 @@ class _WorkerSlot:
     actor: Any
     busy: bool = False
     retiring: bool = False
+    stuck: bool = False  # its batch ran past a request's deadline + grace and has not returned
+    reaper: asyncio.TimerHandle | None = None  # when its running batch's next request is due
 
 
 @dataclass(eq=False)
@@ -122,7 +132,10 @@ class Router:
             (``ray.get_actor(name, namespace=WORKER_NAMESPACE)``).
         app_options: Keyword arguments of :class:`~subnetact.serving.ServingApp` (``default_deadline_ms``...).
         adaptive: Refine the profile from measured batch times with a :class:`scheduling.LatencyModel` (slow workers
-            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``.
+            get proportionally less slack), as ``Scheduler(latency_model=...)`` does. Default ``False``: only for
+            policies that want one (the default SlackFit always plans with one).
+        deadline_grace_s: A request still running on a worker this long past its deadline is answered
+            ``DeadlineMissedError`` and the worker marked stuck, as in :class:`scheduling.Scheduler`. Default 0.5 s.
     """
 
     def __init__(
@@ -136,13 +149,18 @@ class Router:
         name_prefix: str = "subnetact-worker",
         app_options: dict[str, Any] | None = None,
         adaptive: bool = False,
+        deadline_grace_s: float = 0.5,
     ) -> None:
         self.spec = spec
+        self.deadline_grace_s = float(deadline_grace_s)
         self.profile = spec.load_profile()
         self.policy = make_policy(policy, self.profile)
         # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
         # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
-        self.latency_model = LatencyModel(self.profile) if adaptive else None
+        # The default SlackFit plans with one (wants_latency_model), as in scheduling.Scheduler's default.
+        adaptive = adaptive or self.policy.wants_latency_model
+        self.latency_model = LatencyModel(self.profile, max_ratio=PROFILE_ERROR_LIMIT) if adaptive else None
+        self.adaptive = self.latency_model is not None
         if self.latency_model is not None:
             self.policy.update_profile(self.latency_model.prior)
         self.queue = EDFQueue(capacity=max_queue)
@@ -153,7 +171,9 @@ class Router:
         self._wake: asyncio.Event | None = None
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
-        self.counts = {"submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0}
+        self.counts = {
+            "submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0, "stuck": 0
+        }  # fmt: skip
         self._observe_batch: Any = None
         self._closing = False
         for w in self._start_workers(num_workers):
@@ -240,10 +260,17 @@ class Router:
         return len(self.queue)
 
     def ready(self) -> bool:
-        return not self._closing and any(not w.retiring for w in self.workers.values())
+        return not self._closing and any(not w.retiring and not w.stuck for w in self.workers.values())
+
+    def stuck_workers(self) -> int:
+        """Workers whose batch ran past a request's deadline + grace and has not returned."""
+        return sum(w.stuck for w in self.workers.values())
 
     def set_batch_observer(self, fn: Any) -> None:
         self._observe_batch = fn
+
+    def fastest_latency_s(self) -> float:
+        return self.policy.min_latency(1)
 
     async def close(self) -> None:
         """Stop accepting; serve (or drop, by deadline) what is queued; wait for the running batches (<= 60 s)."""
@@ -289,9 +316,15 @@ class Router:
             while q:
                 free = [w for w in self.workers.values() if not w.busy and not w.retiring]
                 if not free:
+                    # Every worker is busy (or hung): the drop rule still runs when the head's time comes.
+                    now = time.monotonic()
+                    self._expire_queued(now)
+                    if q:
+                        timeout = max(q.peek_deadline() - policy.min_latency(len(q)) - now, WAKE_FLOOR_S)
                     break
                 now = time.monotonic()
                 w = free[0]
+                policy.set_num_workers(sum(not v.retiring for v in self.workers.values()))  # load-aware policies
                 scale = 1.0 if self.latency_model is None else self.latency_model.slack_scale(w.wid)
                 step = dispatch_step(q, policy, now, scale)  # the same step as scheduling.Scheduler and simulate()
                 for e in step.expired:
@@ -311,9 +344,46 @@ class Router:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
+    def _expire_queued(self, now: float) -> None:
+        q = self.queue
+        while q:  # the drop rule, as dispatch_step applies it (the threshold depends on the queue length)
+            dropped = q.expire(now, self.policy.min_latency(len(q)))
+            if not dropped:
+                break
+            for e in dropped:
+                slack_ms = 1e3 * (e.deadline - now)
+                self._complete(
+                    e.item, exc=DeadlineMissedError(f"dropped: remaining slack {slack_ms:.3f} ms is too short")
+                )
+
+    def _reap_batch(self, w: _WorkerSlot, batch: list) -> None:
+        """Answer the requests of ``w``'s running batch that are past deadline + grace; mark ``w`` stuck."""
+        now = time.monotonic()
+        grace = self.deadline_grace_s
+        overdue = [e for e in batch if e.deadline + grace <= now and not e.item.future.done()]
+        for e in overdue:
+            self._complete(
+                e.item,
+                exc=DeadlineMissedError(
+                    f"its batch was still running on a stuck worker {1e3 * (now - e.deadline):.1f} ms past its "
+                    f"deadline (grace {grace:g} s)"
+                ),
+            )
+        if overdue and not w.stuck:
+            w.stuck = True
+            self.counts["stuck"] += 1
+            _log.warning("worker %s is stuck: its batch is past a request's deadline + %g s", w.name, grace)
+        later = [e.deadline for e in batch if e.deadline + grace > now]
+        if later:
+            w.reaper = asyncio.get_running_loop().call_later(min(later) + grace - now, self._reap_batch, w, batch)
+
     async def _run_batch(self, w: _WorkerSlot, subnet_id: Any, batch: list) -> None:
         requests = [e[3] for e in batch]
         t_start = time.monotonic()
+        loop = asyncio.get_running_loop()
+        # Entries are earliest deadline first: the first request due for the reaper is batch[0].
+        due = max(0.0, batch[0].deadline + self.deadline_grace_s - t_start)
+        w.reaper = loop.call_later(due, self._reap_batch, w, batch)
         try:
             results = await w.actor.run.remote(subnet_id, [r.payload for r in requests])
         except _WORKER_DIED as exc:
@@ -331,13 +401,18 @@ class Router:
             for r, res in zip(requests, results, strict=True):
                 self._complete(r, res)
         finally:
-            w.busy = False
+            w.reaper.cancel()  # type: ignore[union-attr]
+            if w.stuck:
+                _log.warning("worker %s returned after being stuck; it serves again", w.name)
+            w.busy = w.stuck = False
             if w.retiring and w.wid in self.workers:
                 self._drop_worker(w, kill=True)
             self._kick()
 
     def _retry_once(self, batch: list, exc: BaseException) -> None:
         for deadline, _, arrival, req in batch:
+            if req.future.done():  # answered already (deadline + grace passed while it ran)
+                continue
             if req.attempts >= 1 or not self.workers:
                 self._complete(req, exc=WorkerFailedError(f"the worker running this request died twice: {exc}"))
                 continue
@@ -356,6 +431,7 @@ def build_app(
     name_prefix: str = "subnetact-worker",
     app_options: dict[str, Any] | None = None,
     adaptive: bool = False,
+    deadline_grace_s: float = 0.5,
 ) -> Any:
     """The bound Serve application (Ray's proxy -> router -> workers) for ``serve.run``; the arguments are
     :class:`Router`'s.
@@ -375,6 +451,7 @@ def build_app(
         name_prefix=name_prefix,
         app_options=app_options,
         adaptive=adaptive,
+        deadline_grace_s=deadline_grace_s,
     )
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from scheduling import Profile
-from subnetact.demo import PolicyResult, frontier
+from subnetact.demo import PolicyResult, combine_trials, format_table, frontier
 from subnetact.demo_load import derive_load
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -36,12 +36,15 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
         "3",
         "--background-load",
         "1",
+        "--trials",
+        "2",
         "--out",
         str(out),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
     assert "policy" in text and "SLO attain." in text and "accuracy %" in text and "p99 ms" in text
+    assert "val acc %" in text and "± sd" in text
     assert "background load: starting 1 busy process(es)" in text and "on the attainment/accuracy frontier" in text
     names = ("slackfit", "slackfit-adaptive", "mincost", "fixed:0")
     table = {line.split()[0]: line for line in text.splitlines() if line.split() and line.split()[0] in names}
@@ -54,6 +57,10 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
     assert [table[r["policy"]].split()[1] == "*" for r in data["rows"]] == on_front and any(on_front)
     for r in rows.values():
         assert r["requests"] == data["settings"]["requests"] > 0
+        # Two trials each; the row is their mean (the table's ± sd and the plot's error bars come from them).
+        assert len(r["attainment_trials"]) == len(r["accuracy_trials"]) == 2
+        assert r["slo_attainment"] == pytest.approx(sum(r["attainment_trials"]) / 2)
+        assert 85.0 <= r["profile_accuracy"] <= 100.0
         assert 0.0 <= r["slo_attainment"] <= 1.0
         assert r["accuracy"] >= 85.0  # measured against the labels; every served subnet is >= 90 % on the test split
         assert r["latency_p99_ms"] >= r["latency_p50_ms"] > 0
@@ -66,7 +73,7 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
     assert data["settings"]["slo_ms"] == pytest.approx(1e3 * derived.slo_s)
     assert data["settings"]["load_from_profile"] == derived.describe()
     assert "bursts: in" in text and 0.0 <= data["settings"]["windows_over_top_capacity"] <= 1.0
-    assert (out / "dynamics.png").stat().st_size > 1000
+    assert (out / "dynamics.png").stat().st_size > 1000 and (out / "frontier.png").stat().st_size > 1000
 
 
 def test_profile_command_writes_a_profile(tmp_path):
@@ -87,10 +94,12 @@ def test_profile_command_writes_a_profile(tmp_path):
     [
         (
             ["demo", "--policies", "fastest"],
-            "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, maxacc, maxbatch, mincost, fixed",
+            "policies contains 'fastest'; allowed: slackfit, slackfit-adaptive, slackfit-paper, maxacc, maxbatch, "
+            "mincost, fixed",
         ),
         (["demo", "--duration", "0"], "duration_s=0.0 must be a finite number > 0"),
         (["demo", "--workers", "0"], "workers=0 must be an int >= 1"),
+        (["demo", "--trials", "0"], "trials=0 must be an int >= 1"),
         (["profile", "model.safetensors"], "needs --factory module:callable"),
         (["profile", "--batch-sizes", "0"], "must list ints >= 1"),
     ],
@@ -115,3 +124,29 @@ def test_frontier_by_hand():
         _row("f", 0.95, 99.0),  # on: equal to e is not dominated
     ]
     assert frontier(rows) == [True, True, False, False, True, True]
+
+
+def test_trials_combine_to_means_with_a_sample_standard_deviation():
+    runs = [
+        PolicyResult("s", 100, 0.90, 95.0, 94.0, 1.0, 2.0, 100.0, 3, 1, 4.0),
+        PolicyResult("s", 120, 1.00, 97.0, 96.0, 3.0, 4.0, 120.0, 0, 2, 6.0),
+        PolicyResult("s", 110, 0.95, float("nan"), 95.0, 2.0, 3.0, 110.0, 1, 0, 5.0),  # nothing on time
+    ]
+    row = combine_trials(runs)
+    assert (row.requests, row.dropped, row.late) == (330, 4, 3)  # totals
+    assert row.slo_attainment == pytest.approx(0.95) and row.slo_attainment_std == pytest.approx(0.05)
+    assert row.accuracy == pytest.approx(96.0) and row.accuracy_std == pytest.approx(2**0.5)  # nan skipped
+    assert row.profile_accuracy == pytest.approx(95.0) and row.attainment_trials == (0.90, 1.00, 0.95)
+    table = format_table([row])
+    line = next(x for x in table.splitlines() if x.startswith("s "))
+    assert line.split()[1:5] == ["*", "0.9500", "0.0500", "96.00"] and line.split()[5] == "95.00"
+
+
+def test_demo_warns_when_no_burst_exceeds_the_top_subnets_capacity(tmp_path):
+    result = _run(
+        "demo", "--rate", "5", "--duration", "0.5", "--trials", "1", "--policies", "mincost", "--batch-sizes", "1,4",
+        "--repeats", "2", "--no-plot", "--out", str(tmp_path / "d"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "bursts: in 0 % of the SLO-long windows" in result.stdout
+    assert "warning: no burst exceeds the most accurate subnet's capacity" in result.stdout

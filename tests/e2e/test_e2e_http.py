@@ -388,7 +388,9 @@ def test_bad_arguments_are_refused_naming_the_argument(runner, profile):
     from subnetact.serving import ModelSpec, SupernetRunner, make_policy
 
     with pytest.raises(
-        ValueError, match=r"policy='fastest' is not one of \['slackfit', 'maxacc', 'maxbatch', 'mincost', 'fixed:0'"
+        ValueError,
+        match=r"policy='fastest' is not one of \['slackfit', 'slackfit-paper', 'maxacc', 'maxbatch', 'mincost', "
+        r"'fixed:0'",
     ):
         make_policy("fastest", profile)
     with pytest.raises(ValueError, match=r"factory='nomodule' must be 'module:callable'"):

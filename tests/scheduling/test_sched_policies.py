@@ -107,7 +107,7 @@ def _slackfit_reference(profile, slack, q, stat, num_buckets):
 @SETTINGS
 @given(profiles(), slacks, queue_lens, stats, st.integers(1, 30))
 def test_slackfit_against_brute_force(profile, slack, q, stat, nb):
-    policy = SlackFit(profile, num_buckets=nb, latency_stat=stat)
+    policy = SlackFit(profile, num_buckets=nb, latency_stat=stat, backlog_aware=False)
     d = policy.decide(slack, q, 0.0)
     _check_common(profile, d, q, stat)
     best, fastest = _slackfit_reference(profile, slack, q, stat, nb)
@@ -119,6 +119,94 @@ def test_slackfit_against_brute_force(profile, slack, q, stat, nb):
         assert _triple(d) == best
 
 
+def _backlog_reference(profile, slack, q, stat, nb, demand):
+    """The backlog-aware rule by brute force: keep the choices that sustain ``demand`` requests/s on one worker (mean
+    throughput) or take the whole queue; if none does, those of the highest throughput level; then the paper's rule
+    (Pareto filter, buckets, largest batch) over the kept ones. Levels are the geometric grid the policy documents
+    (ratio 1.02 from the smallest throughput), so the demand is first rounded up to a level."""
+    every = [(st_.stat(stat), b, s.accuracy, s.id) for s in profile.subnets for b, st_ in s.latency.items()]
+    tput = {(sid, b): b / profile.latency(sid, b) for _, b, _, sid in every}
+    levels = [0.0]
+    x = min(tput.values())
+    while x <= max(tput.values()):
+        levels.append(x)
+        x *= 1.02
+    level = next((lv for lv in levels if lv >= demand), None)
+    cap = cap_for(profile, q)
+    whole = cap if q <= max(profile.batch_sizes) else None
+    cands = [c for c in every if c[1] <= cap]
+
+    def kept_at(lv):
+        return [c for c in cands if tput[(c[3], c[1])] >= lv or c[1] == whole]
+
+    keep = kept_at(level) if level is not None and kept_at(level) else None
+    if keep is None:  # overload: the highest level that keeps anything
+        keep = next(kept_at(lv) for lv in reversed(levels) if kept_at(lv))
+    lo, hi = min(c[0] for c in every), max(c[0] for c in every)
+    width = (hi - lo) / nb or 1.0
+    keep = sorted({c[:3] for c in keep})
+    pareto = [c for c in keep if not any(o != c and o[0] <= c[0] and o[1] >= c[1] and o[2] >= c[2] for o in keep)]
+    fit = [c for c in pareto if c[0] <= slack]
+    drop_below = min(profile.latency(c[3], c[1]) for c in cands if (c[0], c[1], c[2]) in set(keep))
+    if not fit:
+        return None, drop_below
+    top = max(min(int((c[0] - lo) / width), nb - 1) for c in fit)
+    best = max((c for c in fit if min(int((c[0] - lo) / width), nb - 1) == top), key=lambda c: (c[1], c[2], -c[0]))
+    return best, drop_below
+
+
+@SETTINGS
+@given(profiles(), slacks, queue_lens, stats, st.integers(1, 30), st.sampled_from([0, 1, 3, 8]), st.floats(0, 3000))
+def test_backlog_aware_slackfit_against_brute_force(profile, slack, q, stat, nb, workers, rate):
+    """Sustainable choices only (or the whole queue), then the paper's rule; the drop threshold is the fastest mean
+    latency among them. The rate is fed as one burst of arrivals at t=0, decided on at t=0 (no decay)."""
+    policy = SlackFit(profile, num_buckets=nb, latency_stat=stat, num_workers=workers)
+    count = round(rate * policy.rate_window_s)
+    if count:
+        policy.observe_arrivals(0.0, count)
+    demand = count / policy.rate_window_s * policy.headroom / max(workers, 1)
+    d = policy.decide(slack, q, 0.0)
+    _check_common(profile, d, q, stat)
+    best, drop_below = _backlog_reference(profile, slack, q, stat, nb, demand)
+    assert policy.min_latency(q) == pytest.approx(drop_below, rel=1e-12)
+    if best is None:
+        assert not d.fits
+    else:
+        assert d.fits and _triple(d) == best
+
+
+def test_backlog_aware_slackfit_by_hand_on_a40():
+    """Issue 20's mechanism: 4 workers at 8000 q/s. Each must serve 2000 x 1.1 = 2200 req/s (headroom 1.1); on the A40
+    profile only subnet 0 at batch 16 (2430/s) and 32 (2645/s) does. With a 40-request queue and 15 ms of slack the
+    paper's rule picks subnet 1 at 32 (14.66 ms, 2183/s: the queue would grow); the backlog-aware rule picks subnet 0
+    at 32 (12.10 ms), and drops a head with less than 6.58 ms (subnet 0 at batch 16) instead of running a batch of
+    8."""
+    p = datasets.superserve_a40_profile()
+    paper = SlackFit(p, latency_stat="mean", backlog_aware=False)
+    sf = SlackFit(p, latency_stat="mean", num_workers=4, headroom=1.1)
+    assert (paper.decide(0.015, 40, 0.1).subnet_id, paper.decide(0.015, 40, 0.1).batch_size) == (1, 32)
+    sf.observe_arrivals(0.1, 400)  # 400 arrivals / 0.05 s time constant = 8000 req/s
+    assert sf.arrival_rate() == pytest.approx(8000.0)
+    d = sf.decide(0.015, 40, 0.1)
+    assert (d.subnet_id, d.batch_size, d.fits) == (0, 32, True)
+    assert sf.min_latency(40) == pytest.approx(p.latency(0, 16))
+    assert paper.min_latency(40) == pytest.approx(p.min_latency())
+    # A short queue is served whole whatever the rate: 3 requests fit subnet 5 at batch 4 (8.17 ms).
+    d = sf.decide(0.036, 3, 0.1)
+    assert (d.subnet_id, d.batch_size) == (5, 3)
+    # The estimate decays with time constant rate_window_s: 0.1 s later, e^-2 of it.
+    assert sf.arrival_rate(0.2) == pytest.approx(8000.0 * math.exp(-2.0))
+    # 3640 q/s on 4 workers: 1001 req/s each with headroom 1.1. Subnet 0 at batch 4 (1085/s, 3.69 ms) sustains it and
+    # is the fastest; with half the workers 1.5x slower (capacity scale 5/6) each must serve 1201/s and the fastest
+    # sustainable choice is subnet 0 at batch 8 (2094/s, 3.82 ms).
+    sf.reset()
+    assert sf.arrival_rate() == 0.0
+    sf.observe_arrivals(0.0, 182)
+    assert sf.min_latency(40) == pytest.approx(p.latency(0, 4))
+    sf.set_capacity_scale(5 / 6)
+    assert sf.min_latency(40) == pytest.approx(p.latency(0, 8))
+
+
 @SETTINGS
 @given(profiles(), slacks, queue_lens, st.booleans())
 def test_fit_property_for_every_fit_seeking_policy(profile, slack, q, queue_aware):
@@ -126,8 +214,9 @@ def test_fit_property_for_every_fit_seeking_policy(profile, slack, q, queue_awar
     cap = cap_for(profile, q) if queue_aware else max(profile.batch_sizes)
     any_fits = any(st_.mean_s <= slack for s in profile.subnets for b, st_ in s.latency.items() if b <= cap)
     for policy in (
-        SlackFit(profile, queue_aware=queue_aware),
-        SlackFit(profile, queue_aware=queue_aware, pareto=False),
+        SlackFit(profile, queue_aware=queue_aware, latency_stat="mean"),
+        SlackFit(profile, queue_aware=queue_aware, latency_stat="mean", backlog_aware=False),
+        SlackFit(profile, queue_aware=queue_aware, latency_stat="mean", backlog_aware=False, pareto=False),
         MaxAcc(profile, queue_aware=queue_aware),
         MaxBatch(profile, queue_aware=queue_aware),
     ):
@@ -139,14 +228,16 @@ def test_fit_property_for_every_fit_seeking_policy(profile, slack, q, queue_awar
 
 def test_slackfit_by_hand_on_a40():
     p = datasets.superserve_a40_profile()
-    sf = SlackFit(p)  # 20 buckets between 3.688 ms (subnet 0, batch 4) and 36.800 ms (subnet 5, batch 32)
+    sf = SlackFit(
+        p, latency_stat="mean", backlog_aware=False
+    )  # the paper's rule; 20 buckets between 3.688 ms (subnet 0, batch 4) and 36.800 ms (subnet 5, batch 32)
     # Light load: 3 queued, much slack -> the most accurate subnet, padded batch 4 (8.17 ms).
     d = sf.decide(0.036, 3, 0.0)
     assert (d.subnet_id, d.batch_size, d.profile_batch) == (5, 3, 4)
     # One queued request: subnet 4 at batch 1 (5.47 ms) is slower *and* less accurate than subnet 5 (4.99 ms);
     # without the Pareto filter SlackFit picks the dominated choice because it sits in a higher bucket.
     assert sf.decide(0.036, 1, 0.0).subnet_id == 5
-    assert SlackFit(p, pareto=False).decide(0.036, 1, 0.0).subnet_id == 4
+    assert SlackFit(p, pareto=False, latency_stat="mean", backlog_aware=False).decide(0.036, 1, 0.0).subnet_id == 4
     # Long queue, 20 ms slack: bucket width 1.6556 ms; 20 ms falls in bucket 9 = [18.59, 20.24) ms, which holds
     # nothing <= 20 ms; bucket 8 = [16.93, 18.59) holds subnet 3 at batch 32 (17.105 ms).
     d = sf.decide(0.020, 100, 0.0)
@@ -162,7 +253,7 @@ def test_slackfit_by_hand_on_a40():
 
 def test_queue_unaware_slackfit_ignores_queue_length():
     p = datasets.superserve_a40_profile()
-    d = SlackFit(p, queue_aware=False).decide(0.036, 1, 0.0)
+    d = SlackFit(p, queue_aware=False, latency_stat="mean").decide(0.036, 1, 0.0)
     assert d.batch_size == 1 and d.profile_batch > 1  # picks a big-batch bucket even for one request
 
 
@@ -196,6 +287,10 @@ def test_mincost_is_least_accurate_subnet():
         (lambda p: Fixed(p, 99), UnknownSubnetError, r"unknown subnet id 99; the profile has \[0, 1, 2, 3, 4, 5\]"),
         (lambda p: SlackFit(p, num_buckets=0), InvalidRequestError, "num_buckets must be an int >= 1, got 0"),
         (lambda p: SlackFit(p, latency_stat="p50"), InvalidRequestError, "latency_stat must be 'mean' or 'p99'"),
+        (lambda p: SlackFit(p, headroom=0), InvalidRequestError, r"headroom must be a finite number > 0, got 0"),
+        (lambda p: SlackFit(p, rate_window_s=-1.0), InvalidRequestError, r"rate_window_s must be .* got -1.0"),
+        (lambda p: SlackFit(p, num_workers=2.5), InvalidRequestError, r"num_workers must be an int >= 0, got 2.5"),
+        (lambda p: SlackFit(p).set_capacity_scale(0.0), InvalidRequestError, r"capacity scale .* \(0, 1\], got 0.0"),
         (lambda p: MaxAcc("profile"), Exception, "profile must be a scheduling.Profile"),
         (lambda p: GearPlan(p, []), InvalidRequestError, "gears must be a non-empty list"),
         (lambda p: GearPlan(p, [(100, 5), (50, 0)]), InvalidRequestError, "strictly increasing"),

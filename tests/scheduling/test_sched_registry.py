@@ -48,10 +48,12 @@ def test_every_front_end_uses_the_one_make_policy():
 
 def test_unknown_names_are_refused_naming_the_allowed_ones():
     allowed = policy_names(PROFILE)
-    assert allowed[:4] == ["slackfit", "maxacc", "maxbatch", "mincost"]
-    assert allowed[4:] == [f"fixed:{i}" for i in PROFILE.ids]
+    assert allowed[:5] == ["slackfit", "slackfit-paper", "maxacc", "maxbatch", "mincost"]
+    assert allowed[5:] == [f"fixed:{i}" for i in PROFILE.ids]
     for bad in ("fastest", "fixed", "fixed:999", "slackfit:1", 3):
-        with pytest.raises(InvalidRequestError, match=r"policy=.* is not one of \['slackfit', 'maxacc'"):
+        with pytest.raises(
+            InvalidRequestError, match=r"policy=.* is not one of \['slackfit', 'slackfit-paper', 'maxacc'"
+        ):
             make_policy(bad, PROFILE)
 
 
@@ -81,3 +83,10 @@ def test_register_policy_refuses_bad_names_and_factories(private_registry):
         register_policy("x", choices=1)
     assert registry._POLICIES == before
     assert scheduling.make_policy is make_policy
+
+
+def test_slackfit_paper_is_the_rule_before_issue_20():
+    paper = make_policy("slackfit-paper", PROFILE)
+    assert not paper.backlog_aware and paper.latency_stat == "mean" and not paper.wants_latency_model
+    default = make_policy("slackfit", PROFILE)
+    assert default.backlog_aware and default.latency_stat == "p99" and default.wants_latency_model

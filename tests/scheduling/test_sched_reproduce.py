@@ -27,8 +27,11 @@ def test_run_applies_slo_workers_noise_interference_and_feedback():
     want = simulate(SlackFit(PROFILE), arrivals, SimConfig(**cfg), latency_model=LatencyModel(PROFILE)).summary
     assert got["slo_attainment"] == want.slo_attainment and got["mean_accuracy"] == want.mean_accuracy
     assert (got["total"], got["dropped"], got["batches"]) == (want.total, want.dropped, want.batches)
-    static = reproduce.run((("t",), spec, "SlackFit", cfg, 1.0))
+    static = reproduce.run((("t",), spec, "SlackFit", {**cfg, "adaptive": False}, 1.0))
     assert static["batches"] != got["batches"]  # feedback changed the plan
+    # Without "adaptive" the simulator's default: the default SlackFit plans with a model of its own.
+    default = reproduce.run((("t",), spec, "SlackFit", cfg, 1.0))
+    assert (default["batches"], default["slo_attainment"]) == (got["batches"], got["slo_attainment"])
 
 
 def test_seed_summaries_by_hand():

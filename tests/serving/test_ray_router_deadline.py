@@ -1,0 +1,83 @@
+"""The Ray router's deadline guarantee (issue 22) without a Ray cluster: the router class itself, its worker actors
+replaced by fakes whose ``run.remote`` never returns until told to (a hung model).
+
+With its only worker hung, the router must still answer every request by its deadline + the grace: the hung batch
+with ``DeadlineMissedError`` (the worker marked stuck, not ready), queued requests by the drop rule on the router's
+own clock; a late result must not complete a request twice. The full router on Ray is ``tests/e2e/test_e2e_ray.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("starlette")
+
+from scheduling import DeadlineMissedError, datasets  # noqa: E402
+from subnetact.serving import ModelSpec, ray_serve  # noqa: E402
+
+PROFILE = datasets.superserve_a40_profile()
+
+
+class FakeActor:
+    """``actor.run.remote(subnet_id, payloads)``: an awaitable the test completes (or never does)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, list, asyncio.Future]] = []
+        self.run = self
+
+    def remote(self, subnet_id, payloads):
+        fut = asyncio.get_running_loop().create_future()
+        self.calls.append((subnet_id, payloads, fut))
+        return fut
+
+
+def make_router(monkeypatch, actors):
+    user_class = ray_serve.Router.func_or_class.__mro__[1]  # the class under Serve's ASGI wrapper
+    assert user_class.__name__ == "Router"
+    slots = iter(ray_serve._WorkerSlot(i, f"fake-{i}", a) for i, a in enumerate(actors))
+    monkeypatch.setattr(user_class, "_start_workers", lambda self, n: [next(slots) for _ in range(n)])
+    router = object.__new__(user_class)
+    spec = ModelSpec("unused.safetensors", "unused:factory", PROFILE, (1, 8, 8))
+    user_class.__init__(router, spec, policy=f"fixed:{PROFILE.ids[0]}", num_workers=len(actors), deadline_grace_s=0.2)
+    return router
+
+
+def test_hung_worker_every_request_answered_by_deadline_plus_1s(monkeypatch):
+    actor = FakeActor()
+    router = make_router(monkeypatch, [actor])
+
+    async def scenario():
+        async def one(k):
+            deadline_wall = time.time() + 0.3
+            try:
+                await router.infer(np.zeros((1, 8, 8), np.float32), deadline_wall)
+                outcome = "served"
+            except DeadlineMissedError as exc:
+                outcome = str(exc)
+            return outcome, time.time() - deadline_wall
+
+        first = asyncio.ensure_future(one(0))
+        while not actor.calls:  # the worker has taken the first request, and hangs
+            await asyncio.sleep(0.01)
+        rest = [asyncio.ensure_future(one(k)) for k in range(1, 20)]
+        results = await asyncio.wait_for(asyncio.gather(first, *rest), 10)
+        assert router.stuck_workers() == 1 and not router.ready()
+        # The model comes back with a result for the answered request: it must not be answered twice.
+        subnet, payloads, fut = actor.calls[0]
+        fut.set_result([{"prediction": 0, "subnet": subnet, "batch_size": len(payloads)}] * len(payloads))
+        await asyncio.sleep(0.05)
+        return results
+
+    results = asyncio.run(scenario())
+    for outcome, late_s in results:
+        assert outcome != "served" and late_s < 1.0, (outcome, late_s)
+    assert "stuck worker" in results[0][0]
+    assert all("dropped" in outcome for outcome, _ in results[1:])  # queued: the drop rule, no free worker
+    stats = router.stats()
+    assert stats["submitted"] == stats["completed"] == 20 and stats["stuck"] == 1, stats
+    assert router.stuck_workers() == 0 and router.ready()  # returned: it serves again
