@@ -49,6 +49,7 @@ from typing import Any, TextIO
 import torch
 
 from . import digits
+from .checks import is_int
 from .config import SubnetConfig
 from .demo_load import capacity_within_slo, derive_load
 from .errors import ConfigError
@@ -188,7 +189,7 @@ def run_demo(
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
     _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats, trials)
-    if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
+    if not is_int(background_load) or background_load < 0:
         raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +338,7 @@ def _check_settings(
     if latency_stat not in ("mean", "p99"):
         raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
     for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ConfigError(f"{name}={value!r} must be an int >= 1")
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import is_int
 from .config import SubnetConfig
 from .errors import ArgumentTypeError, CheckpointError, ConfigError
 from .space import Space
@@ -352,9 +353,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
     if not isinstance(subnets, list):
         raise CheckpointError(f"subnets must be a JSON list, got {subnets!r}")
     cache_bytes = header.get("weight_cache_bytes")  # absent in files written before the weight cache
-    if cache_bytes is not None and (
-        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0
-    ):
+    if cache_bytes is not None and (not is_int(cache_bytes) or cache_bytes < 0):
         raise CheckpointError(f"weight_cache_bytes must be null or an integer >= 0, got {cache_bytes!r}")
     return _SavedHeader(
         convert_config=ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}),

@@ -129,7 +129,7 @@ LAYERS = [
     "supernet export",
     "weight_slice subnet_norm slimmable_norm layer_select attention mha head_count",
     "state weight_cache operator space",
-    "handlers config tree ops errors _registry _progress _imports data",
+    "handlers config tree checks ops errors _registry _progress _imports data",
 ]
 
 
