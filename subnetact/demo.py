@@ -18,10 +18,11 @@
    dynamics (ingest rate, each request's latency against the SLO, accuracy of the chosen subnet, batch size over
    time) of SlackFit beside those of MinCost and of Fixed on the most accurate subnet, on the first trial.
 
-``slackfit-adaptive`` is SlackFit fed back each batch's measured service time through a
-:class:`scheduling.LatencyModel` (issue 12); with ``background_load`` the demo starts that many busy processes after
-profiling and stops them at the end, so the machine changes under the profile and the adaptive row shows what
-feedback buys.
+``slackfit`` is the default, backlog-aware SlackFit, which plans with its own :class:`scheduling.LatencyModel`;
+``slackfit-paper`` is the paper's rule (slack only, no latency feedback), for comparison (``slackfit-adaptive``, the
+paper-era name for SlackFit with a latency model, is still accepted). With ``background_load`` the demo starts that
+many busy processes after profiling and stops them at the end, so the machine changes under the profile and the rows
+show what feedback buys.
 
 Load and SLO (:mod:`subnetact.demo_load`): unless given, both are derived from the profile just measured, so the
 trade-off shows on any machine. The SLO is twice the most accurate subnet's p99 latency at batch 16 (at least 50 ms,
@@ -427,7 +428,7 @@ def _policy_names(policies: Sequence[str] | None, n: int) -> list[str]:
     from scheduling import policy_names
 
     if policies is None:
-        return ["slackfit", "slackfit-adaptive", "mincost", *(f"fixed:{i}" for i in range(n))]
+        return ["slackfit", "slackfit-paper", "mincost", *(f"fixed:{i}" for i in range(n))]
     plain = [p for p in policy_names() if ":" not in p]
     known = {*plain, "slackfit" + ADAPTIVE, *(f"fixed:{i}" for i in range(n))}
     names: list[str] = []

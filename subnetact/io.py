@@ -164,7 +164,7 @@ def load(
     from safetensors import SafetensorError, safe_open
 
     from .convert import unconvert
-    from .verify import example_call
+    from .examples import example_call
 
     if example_inputs is not None:
         example_call(example_inputs)  # a ConfigError naming the argument, before anything is read
@@ -255,6 +255,13 @@ def _convert_fresh(model: nn.Module, saved: _SavedHeader, example_inputs: Any, w
     try:
         convert(model, saved.convert_config, example_inputs=example_inputs)
     except UnsupportedModelError as exc:
+        built = f"{type(model).__module__}.{type(model).__qualname__}"
+        if saved.model_class is not None and saved.model_class != built:
+            # The factory builds another model: asking for example inputs would send the user the wrong way.
+            raise CheckpointError(
+                f"{where} was saved from a {saved.model_class} but the factory built a {built}, which convert "
+                f"refuses ({exc}); pass the factory that builds the saved model"
+            ) from exc
         if example_inputs is not None:
             raise
         raise CheckpointError(
@@ -328,6 +335,7 @@ class _SavedHeader:
     aliases: dict[str, str]
     example_inputs: Any  # convert's example_inputs (a tuple or a dict), None if not recorded
     weight_cache_bytes: int | None
+    model_class: str | None = None  # "module.QualName" of the saved model's class
 
 
 def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeader:
@@ -358,6 +366,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
         if header.get("example_inputs") is None
         else _decode_example(header["example_inputs"], tensors),
         weight_cache_bytes=cache_bytes,
+        model_class=header.get("model_class") if isinstance(header.get("model_class"), str) else None,
     )
 
 

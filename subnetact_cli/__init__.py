@@ -57,9 +57,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--policies",
         default=None,
-        help="comma-separated scheduling.make_policy names (slackfit,maxacc,maxbatch,mincost, registered ones), "
-        "slackfit-adaptive, fixed (every subnet) or fixed:<id> "
-        "(default: slackfit,slackfit-adaptive,mincost,fixed)",
+        help="comma-separated scheduling.make_policy names (slackfit,slackfit-paper,maxacc,maxbatch,mincost, "
+        "registered ones), fixed (every subnet) or fixed:<id> (default: slackfit,slackfit-paper,mincost,fixed)",
     )
     demo.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32], help="profiled batch sizes")
     demo.add_argument("--workers", type=int, default=1, help="inference worker threads (default 1)")
