@@ -20,13 +20,22 @@ Added by issue 12, each over ``--seeds`` (default 0 1 2), normally with ``--nois
     without a LatencyModel (and the same grid without interference).
 (j) the Clipper+(76.69) and Clipper+(78.25) drops of Fig. 9: their cells at 1x to 2.5x the paper's rates.
 
-Everything is seeded; every run uses 8 workers, the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
+Added by issue 20 (the default SlackFit is backlog-aware and plans at the p99 with its own LatencyModel; every
+experiment that compares policies also runs ``SlackFit-paper``, the paper's bucket rule, queue-aware, at the mean):
+
+(g) also draws Fig. 13's batch-size panels; (h) also records the head's slack at every decision (Figs. 14-15).
+(k) Fig. 11b: the highest constant rate (CV² = 0) each worker count serves at >= 0.999 attainment, by bisection.
+(l) Fig. 1b: SLO misses as the actuation delay grows from 0 to 100 ms, on the bursty MAF hour of (f).
+
+Everything is seeded; every run uses 8 workers (except (h) and (k)), the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
 h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
     python benchmarks/scheduling/reproduce.py --experiments g,h,i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results_issue12.json
+    python benchmarks/scheduling/reproduce.py --experiments k,l --noise lognormal --seed 0 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_issue20.json
 """
 
 from __future__ import annotations
