@@ -27,8 +27,9 @@ experiment that compares policies also runs ``SlackFit-paper``, the paper's buck
 (k) Fig. 11b: the highest constant rate (CV² = 0) each worker count serves at >= 0.999 attainment, by bisection.
 (l) Fig. 1b: SLO misses as the actuation delay grows from 0 to 100 ms, on the bursty MAF hour of (f).
 
-Everything is seeded; every run uses 8 workers (except (h) and (k)), the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
-h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop rule. Example::
+Everything is seeded; every run uses 8 workers (except (h) and (k)), the SuperServe authors' A40 OFA-ResNet50
+profile with worker latency = h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop
+rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
