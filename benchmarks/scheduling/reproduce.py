@@ -577,7 +577,7 @@ def share_plot(runs: list[tuple[str, dict]], path: str) -> None:
     fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8, title="subnet top-1 % (black: ingest rate)")
     axes[-1][0].set_xlabel("time (s)")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
