@@ -722,8 +722,12 @@ def merge_hists(hs: list[dict]) -> dict:
 def slack_density_plot(densities: dict[str, dict], spans: dict[str, tuple[float, float]], path: str) -> None:
     """Figs. 14-15: per policy, the density of the head's slack at decision time and the latency span (red)."""
     plt = _plt()
-    fig, axes = plt.subplots(2, 4, figsize=(11, 4.6), sharex=True)
-    for ax, (p, h) in zip(axes.flat, densities.items(), strict=True):
+    cols = 3
+    rows = -(-len(densities) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(9, 2.1 * rows), sharex=True, squeeze=False)
+    for ax in axes.flat[len(densities) :]:
+        ax.set_visible(False)
+    for ax, (p, h) in zip(axes.flat, densities.items(), strict=False):
         n = max(sum(h["counts"]), 1)
         xs = [(k + 0.5) * h["bin_ms"] for k in range(len(h["counts"]))]
         ax.fill_between(xs, [c / n / h["bin_ms"] for c in h["counts"]], step="mid", alpha=0.6)
@@ -733,7 +737,7 @@ def slack_density_plot(densities: dict[str, dict], spans: dict[str, tuple[float,
         ax.axhline(0, xmin=0, xmax=1, color="grey", lw=0.5)
         ax.set_title(_label(p), fontsize=9)
         ax.grid(alpha=0.3)
-    for ax in axes[1]:
+    for ax in axes[-1]:
         ax.set_xlabel("head slack at decision (ms)", fontsize=8)
     for ax in axes[:, 0]:
         ax.set_ylabel("density (1/ms)", fontsize=8)
