@@ -33,8 +33,10 @@ rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
-    python benchmarks/scheduling/reproduce.py --experiments g,h,i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
-        --figures docs/figures --json docs/figures/reproduction_results_issue12.json
+    python benchmarks/scheduling/reproduce.py --experiments h,g --noise lognormal --seeds 0 1 2 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_gh.json
+    python benchmarks/scheduling/reproduce.py --experiments i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_ij.json
     python benchmarks/scheduling/reproduce.py --experiments k,l --noise lognormal --seed 0 --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results_issue20.json
 """
