@@ -6,6 +6,8 @@
 Requests are sent at the trace's arrival times (open loop: a slow server does not slow the sender down) from a pool
 of threads using ``urllib``, each with its deadline budget. It prints the HTTP status counts, the fraction answered
 on time, accuracy against the true labels of the on-time answers, latency percentiles and which subnets served them.
+A request that gets no HTTP answer (the server is starting, draining or gone) is an outcome too, counted and
+summarised with its reason; the summary is always printed.
 """
 
 from __future__ import annotations
@@ -30,18 +32,36 @@ class Outcome:
     latency_ms: float
     correct: bool | None  # None when there is no prediction
     subnet: object
+    error: str | None = None  # why there was no HTTP answer (status NO_ANSWER)
+
+
+#: The status of a request that got no HTTP answer (connection refused or reset while the server starts or
+#: drains, a timeout): an outcome like any other, counted in the summary.
+NO_ANSWER = 0
 
 
 def post(url: str, body: dict, timeout: float) -> tuple[int, dict]:
-    """POST JSON and return (status, parsed JSON answer); HTTP errors are answers too."""
+    """POST JSON and return (status, parsed JSON answer); HTTP errors are answers too, and a request that got no
+    answer is ``(NO_ANSWER, {"error": why})``."""
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
+            return response.status, _json(response.read())
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+        return exc.code, _json(exc.read())
+    except (urllib.error.URLError, OSError) as exc:  # refused, reset, timed out (ConnectionError is an OSError)
+        reason = getattr(exc, "reason", exc)
+        return NO_ANSWER, {"error": f"{type(reason).__name__}: {reason}"}
+
+
+def _json(data: bytes) -> dict:
+    try:
+        answer = json.loads(data or b"{}")
+    except ValueError:  # a proxy's HTML error page, a truncated body
+        return {}
+    return answer if isinstance(answer, dict) else {}
 
 
 def run(
@@ -65,7 +85,7 @@ def run(
         latency = 1e3 * (time.monotonic() - start)
         prediction = answer.get("prediction")
         correct = None if prediction is None else prediction == int(labels[k])
-        return Outcome(status, latency, correct, answer.get("subnet"))
+        return Outcome(status, latency, correct, answer.get("subnet"), answer.get("error"))
 
     t0 = time.monotonic() + 0.05
     futures = []
@@ -90,9 +110,14 @@ def summarize(outcomes: list[Outcome]) -> str:
         return lat[min(len(lat) - 1, int(q / 100 * len(lat)))] if lat else float("nan")
 
     subnets = Counter(o.subnet for o in on_time)
+    unanswered = [o for o in outcomes if o.status == NO_ANSWER]
+    errors = Counter(o.error for o in unanswered)
     return "\n".join(
         [
-            f"requests: {len(outcomes)}; HTTP status: {dict(sorted(statuses.items()))}",
+            f"requests: {len(outcomes)}; HTTP status: "
+            f"{dict(sorted((s, n) for s, n in statuses.items() if s != NO_ANSWER))}; "
+            f"no answer (server starting, draining or down): {len(unanswered)}"
+            + (f" ({', '.join(f'{n}x {e}' for e, n in errors.most_common(3))})" if unanswered else ""),
             f"on time: {len(on_time) / len(outcomes):.4f}; accuracy of on-time answers: "
             + (f"{100 * correct / len(on_time):.2f}%" if on_time else "n/a"),
             f"client latency of on-time answers: p50 {pct(50):.1f} ms, p99 {pct(99):.1f} ms",

@@ -1,9 +1,7 @@
-"""The ``subnetact`` console command: ``subnetact demo`` and ``subnetact profile``.
+"""What the ``subnetact`` console command runs once its arguments parsed (the parser is :mod:`subnetact_cli`, a
+package that imports no torch, so ``--help`` is fast): ``demo`` and ``profile``.
 
-    subnetact demo [--duration 3] [--trials 3] [--slo-ms ...] [--rate ...] [--out subnetact-demo]
-    subnetact profile [CHECKPOINT --factory torchvision.models:resnet50 --input-shape 3,224,224] --out profile.json
-
-``python -m subnetact ...`` is the same.
+``python -m subnetact ...`` is the same as ``subnetact ...``.
 """
 
 from __future__ import annotations
@@ -12,85 +10,26 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ._imports import import_callable
 from .errors import ConfigError
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints, e.g. 1,4,16") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"{text!r} must list ints >= 1, e.g. 1,4,16")
-    return values
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m subnetact``: the console command (:func:`subnetact_cli.main`)."""
+    from subnetact_cli import main as console
+
+    return console(argv)
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from subnetact_cli import _parser as parser
 
-    parser = argparse.ArgumentParser(prog="subnetact", description="Serve weight-shared supernets (SuperServe).")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    demo = sub.add_parser(
-        "demo",
-        help="serve the embedded digits supernet with SlackFit and the baselines on this machine",
-        description="Profile the embedded digits supernet on this CPU, replay a bursty trace of test digits through "
-        "the live scheduler with each policy, and print SLO attainment, accuracy against the labels, latency and "
-        "throughput.",
-    )
-    demo.add_argument("--duration", type=float, default=3.0, help="seconds of each trial's trace (default 3)")
-    demo.add_argument("--trials", type=int, default=3, help="traces replayed per policy, for error bars (default 3)")
-    demo.add_argument("--rate", type=float, default=None, help="mean requests/s (default: from the profile)")
-    demo.add_argument("--load", type=float, default=None, help="instead of --rate: x the top subnet's b16 throughput")
-    demo.add_argument("--cv2", type=float, default=8.0, help="burstiness of the trace (default 8)")
-    demo.add_argument("--slo-ms", type=float, default=None, help="SLO in ms (default: from the profile)")
-    demo.add_argument("--slo-factor", type=float, default=None, help="instead of --slo-ms: x the top's b16 latency")
-    demo.add_argument("--latency-stat", choices=("p99", "mean"), default="p99", help="latency policies plan with")
-    demo.add_argument(
-        "--policies",
-        default=None,
-        help="comma-separated scheduling.make_policy names (slackfit,maxacc,maxbatch,mincost, registered ones), "
-        "slackfit-adaptive, fixed (every subnet) or fixed:<id> "
-        "(default: slackfit,slackfit-adaptive,mincost,fixed)",
-    )
-    demo.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32], help="profiled batch sizes")
-    demo.add_argument("--workers", type=int, default=1, help="inference worker threads (default 1)")
-    demo.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    demo.add_argument("--repeats", type=int, default=15, help="timed forwards per profile entry (default 15)")
-    demo.add_argument(
-        "--background-load", type=int, default=0, help="busy processes to run during the policy runs (default 0)"
-    )
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", type=Path, default=Path("subnetact-demo"), help="output folder")
-    demo.add_argument("--no-plot", action="store_true", help="do not write dynamics.png and frontier.png")
-
-    prof = sub.add_parser(
-        "profile",
-        help="measure a supernet's registered subnets and write a scheduling profile (JSON)",
-        description="Load a checkpoint written by subnetact.save (default: the embedded digits supernet), measure "
-        "each registered subnet at each batch size and write the profile JSON that scheduling policies read.",
-    )
-    prof.add_argument("checkpoint", nargs="?", default="digits", help='a .safetensors file, or "digits" (default)')
-    prof.add_argument(
-        "--factory", help="module:callable building the unconverted model, e.g. torchvision.models:resnet50"
-    )
-    prof.add_argument("--input-shape", type=_ints, help="one sample's shape, e.g. 3,224,224 (random input)")
-    prof.add_argument("--batch-sizes", type=_ints, default=[1, 2, 4, 8, 16, 32])
-    prof.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
-    prof.add_argument("--accuracies", type=Path, help="JSON list (or {id: accuracy}) of the subnets' accuracies")
-    prof.add_argument("--warmup", type=int, default=3)
-    prof.add_argument("--repeats", type=int, default=20)
-    prof.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    prof.add_argument("--out", type=Path, default=Path("profile.json"))
-    return parser
+    return parser()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command; errors a user can fix print one line and return 2."""
     try:
         if args.command == "demo":
             return _demo(args)

@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from .errors import ConfigError, UnsupportedModelError
+from .examples import detached_copy, example_call, one_thread, trace_model
 from .graph import analyse_trace
 from .handlers import OperatorEntry, build_operator, check_kinds
 from .operator import Operator
@@ -25,17 +26,7 @@ from .space import Entry, Space
 from .state import ActuationState, ChannelGroup, state_of, width_sizes
 from .supernet import SupernetMixin, from_supernet, to_supernet
 from .trace import sliceable_kind
-from .verify import (
-    MODE_SENSITIVE,
-    check_largest,
-    check_subnets,
-    detached_copy,
-    example_call,
-    one_thread,
-    plain_output,
-    same_output,
-    trace_model,
-)
+from .verify import MODE_SENSITIVE, check_largest, check_subnets, plain_output, same_output
 from .weight_cache import check_budget_mb
 
 _SLICEABLE = (nn.Conv2d, nn.Linear)

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from .checks import is_int
 from .config import SubnetConfig
 from .errors import SubnetActError
 from .state import converted_state, state_of
@@ -132,7 +133,7 @@ def capture(
     sizes = list(batch_sizes)
     if not configs:
         raise GraphCaptureError("capture: subnets is empty; pass the served subnets, e.g. model.registered_subnets")
-    if not sizes or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in sizes):
+    if not sizes or any(not is_int(b) or b < 1 for b in sizes):
         raise GraphCaptureError(f"capture: batch_sizes={sizes!r} must be a non-empty list of ints >= 1")
     if model.training:
         raise GraphCaptureError(

@@ -18,10 +18,11 @@
    dynamics (ingest rate, each request's latency against the SLO, accuracy of the chosen subnet, batch size over
    time) of SlackFit beside those of MinCost and of Fixed on the most accurate subnet, on the first trial.
 
-``slackfit-adaptive`` is SlackFit fed back each batch's measured service time through a
-:class:`scheduling.LatencyModel` (issue 12); with ``background_load`` the demo starts that many busy processes after
-profiling and stops them at the end, so the machine changes under the profile and the adaptive row shows what
-feedback buys.
+``slackfit`` is the default, backlog-aware SlackFit, which plans with its own :class:`scheduling.LatencyModel`;
+``slackfit-paper`` is the paper's rule (slack only, no latency feedback), for comparison (``slackfit-adaptive``, the
+paper-era name for SlackFit with a latency model, is still accepted). With ``background_load`` the demo starts that
+many busy processes after profiling and stops them at the end, so the machine changes under the profile and the rows
+show what feedback buys.
 
 Load and SLO (:mod:`subnetact.demo_load`): unless given, both are derived from the profile just measured, so the
 trade-off shows on any machine. The SLO is twice the most accurate subnet's p99 latency at batch 16 (at least 50 ms,
@@ -49,6 +50,7 @@ from typing import Any, TextIO
 import torch
 
 from . import digits
+from .checks import is_int
 from .config import SubnetConfig
 from .demo_load import capacity_within_slo, derive_load
 from .errors import ConfigError
@@ -188,7 +190,7 @@ def run_demo(
     out = sys.stdout if stream is None else stream
     start = time.perf_counter()
     _check_settings(duration_s, cv2, rate, load, slo_ms, slo_factor, latency_stat, workers, threads, repeats, trials)
-    if isinstance(background_load, bool) or not isinstance(background_load, int) or background_load < 0:
+    if not is_int(background_load) or background_load < 0:
         raise ConfigError(f"background_load={background_load!r} must be an int >= 0 (busy processes to start)")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -337,7 +339,7 @@ def _check_settings(
     if latency_stat not in ("mean", "p99"):
         raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
     for name, value in (("workers", workers), ("threads", threads), ("repeats", repeats), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if not is_int(value) or value < 1:
             raise ConfigError(f"{name}={value!r} must be an int >= 1")
 
 
@@ -426,7 +428,7 @@ def _policy_names(policies: Sequence[str] | None, n: int) -> list[str]:
     from scheduling import policy_names
 
     if policies is None:
-        return ["slackfit", "slackfit-adaptive", "mincost", *(f"fixed:{i}" for i in range(n))]
+        return ["slackfit", "slackfit-paper", "mincost", *(f"fixed:{i}" for i in range(n))]
     plain = [p for p in policy_names() if ":" not in p]
     known = {*plain, "slackfit" + ADAPTIVE, *(f"fixed:{i}" for i in range(n))}
     names: list[str] = []

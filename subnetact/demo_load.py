@@ -28,6 +28,7 @@ from math import inf
 
 from scheduling import Profile
 
+from .checks import is_int, is_real
 from .errors import ConfigError
 
 __all__ = [
@@ -118,11 +119,11 @@ def derive_load(
     Raises:
         ValueError: ``workers`` < 1, ``latency_stat`` unknown, or ``slo_s`` not a number > 0.
     """
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+    if not is_int(workers) or workers < 1:
         raise ConfigError(f"workers={workers!r} must be an int >= 1")
     if latency_stat not in ("mean", "p99"):
         raise ConfigError(f"latency_stat={latency_stat!r} must be 'mean' or 'p99'")
-    if slo_s is not None and (isinstance(slo_s, bool) or not isinstance(slo_s, (int, float)) or not 0 < slo_s < inf):
+    if slo_s is not None and (not is_real(slo_s) or not 0 < slo_s < inf):
         raise ConfigError(f"slo_s={slo_s!r} must be a finite number of seconds > 0")
     top = max(profile.subnets, key=lambda s: s.accuracy).id
     low = min(profile.subnets, key=lambda s: s.accuracy).id

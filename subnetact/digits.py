@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .checks import is_int
 from .errors import ConfigError
 from .plan import ConvertConfig
 from .rules import BlockSpec, ChannelSpec, register_block_rule
@@ -172,7 +173,7 @@ def augment(
         x = x.reshape(-1, 8, 8)
     if x.ndim != 3 or x.shape[1:] != (8, 8):
         raise ConfigError(f"images must have shape (N, 8, 8) or (N, 64), got {x.shape}")
-    if isinstance(views, bool) or not isinstance(views, int) or views < 1:
+    if not is_int(views) or views < 1:
         raise ConfigError(f"views={views!r} must be an int >= 1")
     x = np.repeat(x, views, axis=0)  # (M, 8, 8)
     m = len(x)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checks import is_int
 from .config import SubnetConfig
 from .errors import ArgumentTypeError, CheckpointError, ConfigError
 from .space import Space
@@ -163,7 +164,7 @@ def load(
     from safetensors import SafetensorError, safe_open
 
     from .convert import unconvert
-    from .verify import example_call
+    from .examples import example_call
 
     if example_inputs is not None:
         example_call(example_inputs)  # a ConfigError naming the argument, before anything is read
@@ -254,6 +255,13 @@ def _convert_fresh(model: nn.Module, saved: _SavedHeader, example_inputs: Any, w
     try:
         convert(model, saved.convert_config, example_inputs=example_inputs)
     except UnsupportedModelError as exc:
+        built = f"{type(model).__module__}.{type(model).__qualname__}"
+        if saved.model_class is not None and saved.model_class != built:
+            # The factory builds another model: asking for example inputs would send the user the wrong way.
+            raise CheckpointError(
+                f"{where} was saved from a {saved.model_class} but the factory built a {built}, which convert "
+                f"refuses ({exc}); pass the factory that builds the saved model"
+            ) from exc
         if example_inputs is not None:
             raise
         raise CheckpointError(
@@ -327,6 +335,7 @@ class _SavedHeader:
     aliases: dict[str, str]
     example_inputs: Any  # convert's example_inputs (a tuple or a dict), None if not recorded
     weight_cache_bytes: int | None
+    model_class: str | None = None  # "module.QualName" of the saved model's class
 
 
 def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeader:
@@ -344,9 +353,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
     if not isinstance(subnets, list):
         raise CheckpointError(f"subnets must be a JSON list, got {subnets!r}")
     cache_bytes = header.get("weight_cache_bytes")  # absent in files written before the weight cache
-    if cache_bytes is not None and (
-        isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes < 0
-    ):
+    if cache_bytes is not None and (not is_int(cache_bytes) or cache_bytes < 0):
         raise CheckpointError(f"weight_cache_bytes must be null or an integer >= 0, got {cache_bytes!r}")
     return _SavedHeader(
         convert_config=ConvertConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}),
@@ -359,6 +366,7 @@ def _parse_header(header: dict, tensors: dict[str, torch.Tensor]) -> _SavedHeade
         if header.get("example_inputs") is None
         else _decode_example(header["example_inputs"], tensors),
         weight_cache_bytes=cache_bytes,
+        model_class=header.get("model_class") if isinstance(header.get("model_class"), str) else None,
     )
 
 

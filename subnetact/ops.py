@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .checks import is_int
 from .errors import SubnetActError
 
 __all__ = ["ACTIVATIONS", "OpArgumentError", "fold_norm", "sliced_conv2d", "sliced_linear"]
@@ -238,7 +239,7 @@ def sliced_conv2d(
 
 
 def _pair(name: str, value) -> list[int]:
-    if isinstance(value, int) and not isinstance(value, bool):
+    if is_int(value):
         return [value, value]
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
         return list(value)

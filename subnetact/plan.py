@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from torch import nn
 
 from ._registry import ClassRegistry
+from .checks import is_int, is_real
 from .errors import ConfigError, UnsupportedModelError
 from .handlers import OperatorEntry
 from .layer_select import PREFIX
@@ -44,11 +45,11 @@ class ConvertConfig:
         if not choices:
             raise ConfigError("width_choices=() must hold at least one fraction in (0, 1]")
         for w in choices:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not (0 < w <= 1):
+            if not is_real(w) or not (0 < w <= 1):
                 raise ConfigError(f"width_choices={choices!r}: every value must be a number in (0, 1], got {w!r}")
         if list(choices) != sorted(set(choices)):
             raise ConfigError(f"width_choices={choices!r} must be strictly increasing")
-        if isinstance(self.min_depth, bool) or not isinstance(self.min_depth, int) or self.min_depth < 1:
+        if not is_int(self.min_depth) or self.min_depth < 1:
             raise ConfigError(f"min_depth={self.min_depth!r} must be an int >= 1")
 
     def to_dict(self) -> dict:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ._progress import Progress
+from .checks import is_int, is_real
 from .config import SubnetConfig
 from .errors import ConfigError
 from .supernet import state_of
@@ -114,9 +115,9 @@ def profile(
     batch_sizes = _batch_sizes(batch_sizes)
     accs = _accuracies(accuracies, ids)
     for arg, value, low in (("warmup", warmup, 0), ("repeats", repeats, 1), ("rounds", rounds, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value) or value < low:
             raise ConfigError(f"{arg}={value!r} must be an int >= {low}")
-    if isinstance(trim, bool) or not isinstance(trim, (int, float)) or not 0.0 <= trim < 0.5:
+    if not is_real(trim) or not 0.0 <= trim < 0.5:
         raise ConfigError(f"trim={trim!r} must be a number with 0 <= trim < 0.5 (the fraction cut at each end)")
     rounds = min(rounds, repeats)
     device = _device(model, device)
@@ -222,7 +223,7 @@ def _batch_sizes(batch_sizes: Sequence[int]) -> list[int]:
     if isinstance(batch_sizes, (int, str, bytes)) or not isinstance(batch_sizes, Sequence) or not batch_sizes:
         raise ConfigError(f"batch_sizes={batch_sizes!r} must be a non-empty sequence of ints >= 1, e.g. (1, 4, 16)")
     for b in batch_sizes:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+        if not is_int(b) or b < 1:
             raise ConfigError(f"batch_sizes={batch_sizes!r}: every batch size must be an int >= 1, got {b!r}")
     if len(set(batch_sizes)) != len(batch_sizes):
         raise ConfigError(f"batch_sizes={batch_sizes!r} has duplicates")
@@ -242,7 +243,7 @@ def _accuracies(accuracies: Any, ids: list[int | str]) -> list[float]:
         if len(values) != len(ids):
             raise ConfigError(f"accuracies has {len(values)} values for {len(ids)} subnets; give one per subnet")
     for i, v in zip(ids, values):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if not is_real(v) or not math.isfinite(v):
             raise ConfigError(f"accuracies[{i!r}]={v!r} must be a finite number")
     return [float(v) for v in values]
 

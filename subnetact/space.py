@@ -44,11 +44,19 @@ class Entry:
             raise InvalidSubnetError(f"entry {self.name!r} has duplicate choices {self.choices!r}")
 
     def match(self, value: Value) -> Value | None:
-        """The choice equal to ``value`` (floats compare with a 1e-9 relative tolerance), or None."""
+        """The choice equal to ``value`` (floats compare with a 1e-9 relative tolerance), or None. Integer choices
+        (block counts) take ints only: ``depth=2.0`` is a mistake (a width given as depth?), not 2."""
+        if _non_integer(value) and all(isinstance(c, int) and not isinstance(c, bool) for c in self.choices):
+            return None
         for choice in self.choices:
             if value == choice or (isinstance(value, float) and math.isclose(value, choice, rel_tol=1e-9)):
                 return choice
         return None
+
+
+def _non_integer(value: Any) -> bool:
+    """A real number that is not an integer type (``2.0``, ``numpy.float32(2)``; numpy ints are integers)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
 
 
 class Space:
@@ -157,8 +165,10 @@ class Space:
             for i, (value, entry) in enumerate(zip(values, entries)):
                 choice = entry.match(value)
                 if choice is None:
+                    kind = "ints, " if _non_integer(value) and all(isinstance(c, int) for c in entry.choices) else ""
                     raise InvalidSubnetError(
-                        f"{dim}[{i}]={value!r} is not allowed for {entry.name!r}: allowed values are {entry.choices}"
+                        f"{dim}[{i}]={value!r} is not allowed for {entry.name!r}: allowed values are {kind}"
+                        f"{entry.choices}"
                     )
                 out.append(choice)
             snapped[dim] = tuple(out)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .checks import is_real
 from .config import SubnetConfig
 from .errors import ConfigError
 
@@ -53,7 +54,7 @@ DEFAULT_BUDGET_FRACTION = 0.08
 def check_budget_mb(mb: object, where: str) -> None:
     """Raise :class:`~subnetact.ConfigError` (a ``ValueError``) naming ``where`` unless ``mb`` is a finite number
     >= 0 or None (the default budget)."""
-    if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 <= mb < float("inf")):
+    if mb is not None and (not is_real(mb) or not 0 <= mb < float("inf")):
         raise ConfigError(f"{where}={mb!r} must be a finite number >= 0 (MB), or None for the default")
 
 

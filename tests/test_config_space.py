@@ -113,3 +113,16 @@ def test_every_sample_validates_to_itself(seed):
     cfg = space.sample(seed)
     assert space.validate(cfg) == cfg
     assert SubnetConfig.from_dict(cfg.to_dict()).id == cfg.id
+
+
+def test_float_depth_is_refused_not_rounded():
+    # actuate(depth=2.0) was accepted silently (issue 21): block counts take ints (numpy ints included).
+    import numpy as np
+
+    space = Space({"depth": [Entry("layer1", (1, 2, 3))], "width": [Entry("b", (0.5, 1.0))]})
+    with pytest.raises(
+        InvalidSubnetError, match=r"depth\[0\]=2.0 is not allowed for 'layer1': allowed values are ints"
+    ):
+        space.make(depth=2.0, width=1.0)
+    assert space.make(depth=np.int64(2), width=1.0)["depth"] == (2,)
+    assert space.make(depth=2, width=1)["width"] == (1.0,)

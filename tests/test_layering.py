@@ -124,12 +124,12 @@ LAYERS = [
     "hf hf.adapter hf.families hf.verify hf.reorder hf.unregistered ofa ofa.resnet ofa.mbv3 ofa.proxyless ofa.mbconv "
     "ofa.config ofa.checkpoint ofa._common rules.timm_vit rules.torchvision_resnet",
     "extend",
-    "convert graph trace rules verify",
+    "convert graph trace rules verify examples",
     "plan",
     "supernet export",
     "weight_slice subnet_norm slimmable_norm layer_select attention mha head_count",
     "state weight_cache operator space",
-    "handlers config tree ops errors _registry _progress _imports data",
+    "handlers config tree checks ops errors _registry _progress _imports data",
 ]
 
 

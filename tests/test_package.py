@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 import subprocess
 import sys
@@ -86,3 +87,51 @@ def test_every_doc_page_is_reachable_from_the_readme():
         todo += _links(page)
     unreachable = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.resolve() not in seen)
     assert not unreachable, f"docs not linked from the README (directly or through other docs): {unreachable}"
+
+
+def test_console_help_answers_without_importing_torch():
+    # subnetact --help must be fast (issue 21: it took ~9 s importing torch): the parser lives in subnetact_cli.
+    code = (
+        "import sys, subnetact_cli\n"
+        "try:\n    subnetact_cli.main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+        "assert 'torch' not in sys.modules and 'subnetact' not in sys.modules, sorted(sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert "serve" in result.stdout and "profile" in result.stdout
+
+
+def test_console_script_sees_the_working_directory_for_factory(tmp_path):
+    # A console script's sys.path starts with its bin folder, not the working directory: --factory mymod:build
+    # failed with "No module named 'mymod'" (issue 21). Simulated with a script outside the working directory.
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "bin" / "subnetact").write_text("import sys, subnetact_cli\nsys.exit(subnetact_cli.main())\n")
+    (tmp_path / "work" / "mymod.py").write_text("def build():\n    raise SystemExit('mymod imported')\n")
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(tmp_path / "bin" / "subnetact"),
+            "profile",
+            "missing.safetensors",
+            "--factory",
+            "mymod:build",
+            "--input-shape",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path / "work",
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert "No module named" not in result.stderr, result.stderr
+    assert "missing.safetensors" in result.stderr, result.stderr
+
+
+def test_serve_subcommand_shows_the_servers_options_with_defaults():
+    result = subprocess.run(
+        [sys.executable, "-m", "subnetact", "serve", "--help"], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--checkpoint" in result.stdout and "keep serving this long (default: 0.0)" in result.stdout

@@ -232,3 +232,15 @@ def test_example_inputs_holding_other_objects_are_not_recorded(tmp_path):
     loaded = subnetact.load(tmp_path / "m.safetensors", lambda: WithObject(seed=2), example_inputs=(image, ids))
     with torch.no_grad():
         torch.testing.assert_close(loaded(image, ids), model(image, ids), rtol=0, atol=0)
+
+
+def test_a_factory_building_another_model_is_told_so_not_asked_for_example_inputs(tmp_path):
+    # issue 21: loading with the wrong factory (a model convert refuses) suggested example_inputs=.
+    model = subnetact.convert(TwoInputs(seed=1), example_inputs=_two_inputs(False))
+    model._subnetact.example_call = None
+    subnetact.save(model, tmp_path / "m.safetensors")
+    wrong = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.ReLU())  # nothing convert could make elastic
+    with pytest.raises(CheckpointError, match=r"saved from a .*TwoInputs but the factory built a .*Sequential") as e:
+        subnetact.load(tmp_path / "m.safetensors", wrong)
+    assert str(e.value).endswith("pass the factory that builds the saved model")
+    assert "to subnetact.load" not in str(e.value)

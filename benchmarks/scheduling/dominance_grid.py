@@ -231,6 +231,12 @@ def main() -> None:
     print(f"\n{args.subject} meets every target in {n_ok}/{len(cells)} cells; dominated beyond seed noise in {n_dom}.")
     for (i, w), oks in sorted(by_group.items()):
         print(f"  {i:<12} {w} workers: {sum(oks)}/{len(oks)}")
+    for other in (p for p in args.policies if p.startswith("SlackFit") and p != args.subject):
+        verdicts = [judge(table[c], args.att_floor, args.acc_floor, other) for c in cells]
+        print(
+            f"For comparison, {other} meets every target in {sum(v['ok'] for v in verdicts)}/{len(cells)} cells; "
+            f"dominated in {sum(bool(v['dominated_by']) for v in verdicts)}."
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

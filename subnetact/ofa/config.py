@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..checks import is_real
 from ..config import SubnetConfig
 from ..errors import InvalidSubnetError, NotConvertedError
 from ..space import Space
@@ -64,14 +65,14 @@ def _values(arch: Mapping, key: str, n: int, net: str) -> list:
             f"{'w' if net == 'OFAResNets' else 'ks'}"
         )
     value = arch[key]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_real(value):
         return [value] * n
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise InvalidSubnetError(f"{key}={value!r} must be a number or a list of {n} numbers")
     if len(value) != n:
         raise InvalidSubnetError(f"{key}={list(value)!r} has {len(value)} values; OFA's {net} here needs {n}")
     for i, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if not is_real(v):
             raise InvalidSubnetError(f"{key}[{i}]={v!r} must be a number")
     return list(value)
 

@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from .._progress import Progress
+from ..checks import is_int
 from ..config import SubnetConfig
 from ..errors import ConfigError
 from ..supernet import state_of
@@ -175,7 +176,7 @@ def _check_settings(
         ("population", population, 2),
         ("generations", generations, 0),
     ):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        if not is_int(value) or value < low:
             raise ConfigError(f"{arg}={value!r} must be an int >= {low}")
     for arg, value in (("parent_ratio", parent_ratio), ("mutation_ratio", mutation_ratio)):
         if not 0.0 < value < 1.0:

@@ -33,9 +33,13 @@ def _shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every option's default in ``--help``."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m subnetact.serving", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m subnetact.serving", description=__doc__, formatter_class=_HelpFormatter
     )
     model = p.add_argument_group("model")
     model.add_argument("--digits", action="store_true", help="serve the shipped digits supernet")

@@ -298,11 +298,7 @@ def shard(batch: Any, rank: int, world: int) -> Any:
     if isinstance(batch, torch.Tensor):
         return batch.tensor_split(world, dim=0)[rank] if batch.dim() else batch
     if isinstance(batch, Mapping):
-        return (
-            type(batch)({k: shard(v, rank, world) for k, v in batch.items()})
-            if isinstance(batch, dict)
-            else {k: shard(v, rank, world) for k, v in batch.items()}
-        )
+        return {k: shard(v, rank, world) for k, v in batch.items()}  # a plain dict: the model takes it as **kwargs
     if isinstance(batch, (tuple, list)):
         return type(batch)(shard(v, rank, world) for v in batch)
     return batch

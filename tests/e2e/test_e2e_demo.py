@@ -29,7 +29,7 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
         "--duration",
         "1.0",
         "--policies",
-        "slackfit,slackfit-adaptive,mincost,fixed:0",
+        "slackfit,slackfit-paper,mincost,fixed:0",
         "--batch-sizes",
         "1,4,16",
         "--repeats",
@@ -46,7 +46,7 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
     assert "policy" in text and "SLO attain." in text and "accuracy %" in text and "p99 ms" in text
     assert "val acc %" in text and "± sd" in text
     assert "background load: starting 1 busy process(es)" in text and "on the attainment/accuracy frontier" in text
-    names = ("slackfit", "slackfit-adaptive", "mincost", "fixed:0")
+    names = ("slackfit", "slackfit-paper", "mincost", "fixed:0")
     table = {line.split()[0]: line for line in text.splitlines() if line.split() and line.split()[0] in names}
     assert set(table) == set(names), text
     data = json.loads((out / "results.json").read_text())

@@ -119,11 +119,12 @@ def test_slackfit_against_brute_force(profile, slack, q, stat, nb):
         assert _triple(d) == best
 
 
-def _backlog_reference(profile, slack, q, stat, nb, demand):
+def _backlog_reference(profile, slack, q, stat, demand):
     """The backlog-aware rule by brute force: keep the choices that sustain ``demand`` requests/s on one worker (mean
-    throughput) or take the whole queue; if none does, those of the highest throughput level; then the paper's rule
-    (Pareto filter, buckets, largest batch) over the kept ones. Levels are the geometric grid the policy documents
-    (ratio 1.02 from the smallest throughput), so the demand is first rounded up to a level."""
+    throughput) or take the whole queue; if none does, those of the highest throughput level; then the most accurate
+    kept choice that fits, at its largest batch (the Pareto filter first, as the policy documents). Levels are the
+    geometric grid the policy documents (ratio 1.02 from the smallest throughput), so the demand is first rounded up
+    to a level."""
     every = [(st_.stat(stat), b, s.accuracy, s.id) for s in profile.subnets for b, st_ in s.latency.items()]
     tput = {(sid, b): b / profile.latency(sid, b) for _, b, _, sid in every}
     levels = [0.0]
@@ -142,52 +143,53 @@ def _backlog_reference(profile, slack, q, stat, nb, demand):
     keep = kept_at(level) if level is not None and kept_at(level) else None
     if keep is None:  # overload: the highest level that keeps anything
         keep = next(kept_at(lv) for lv in reversed(levels) if kept_at(lv))
-    lo, hi = min(c[0] for c in every), max(c[0] for c in every)
-    width = (hi - lo) / nb or 1.0
+    drop_below = min(profile.latency(c[3], c[1]) for c in keep)
     keep = sorted({c[:3] for c in keep})
     pareto = [c for c in keep if not any(o != c and o[0] <= c[0] and o[1] >= c[1] and o[2] >= c[2] for o in keep)]
     fit = [c for c in pareto if c[0] <= slack]
-    drop_below = min(profile.latency(c[3], c[1]) for c in cands if (c[0], c[1], c[2]) in set(keep))
     if not fit:
         return None, drop_below
-    top = max(min(int((c[0] - lo) / width), nb - 1) for c in fit)
-    best = max((c for c in fit if min(int((c[0] - lo) / width), nb - 1) == top), key=lambda c: (c[1], c[2], -c[0]))
-    return best, drop_below
+    return max(fit, key=lambda c: (c[2], c[1], -c[0])), drop_below
 
 
 @SETTINGS
-@given(profiles(), slacks, queue_lens, stats, st.integers(1, 30), st.sampled_from([0, 1, 3, 8]), st.floats(0, 3000))
-def test_backlog_aware_slackfit_against_brute_force(profile, slack, q, stat, nb, workers, rate):
-    """Sustainable choices only (or the whole queue), then the paper's rule; the drop threshold is the fastest mean
-    latency among them. The rate is fed as one burst of arrivals at t=0, decided on at t=0 (no decay)."""
-    policy = SlackFit(profile, num_buckets=nb, latency_stat=stat, num_workers=workers)
+@given(profiles(), slacks, queue_lens, stats, st.sampled_from([0, 1, 3, 8]), st.floats(0, 3000))
+def test_backlog_aware_slackfit_against_brute_force(profile, slack, q, stat, workers, rate):
+    """Sustainable choices only (or the whole queue), then the most accurate that fits; the demand is the larger of
+    the measured rate and queue / slack (if nothing sustainable at that fits, at the measured rate); the drop
+    threshold is the fastest mean latency at the measured rate. The rate is fed as one burst of arrivals at t=0,
+    decided on at t=0 (no decay)."""
+    policy = SlackFit(profile, latency_stat=stat, num_workers=workers)
     count = round(rate * policy.rate_window_s)
     if count:
         policy.observe_arrivals(0.0, count)
-    demand = count / policy.rate_window_s * policy.headroom / max(workers, 1)
+    measured = count / policy.rate_window_s * policy.headroom
+    backlog = q / max(slack, 1e-3)
     d = policy.decide(slack, q, 0.0)
     _check_common(profile, d, q, stat)
-    best, drop_below = _backlog_reference(profile, slack, q, stat, nb, demand)
+    best, _ = _backlog_reference(profile, slack, q, stat, max(measured, backlog) / max(workers, 1))
+    at_rate, drop_below = _backlog_reference(profile, slack, q, stat, measured / max(workers, 1))
+    best = best or at_rate  # nothing sustainable at the backlog's demand fits: what the measured rate sustains
     assert policy.min_latency(q) == pytest.approx(drop_below, rel=1e-12)
     if best is None:
         assert not d.fits
     else:
-        assert d.fits and _triple(d) == best
+        assert d.fits and _triple(d) == best[:3]
 
 
 def test_backlog_aware_slackfit_by_hand_on_a40():
     """Issue 20's mechanism: 4 workers at 8000 q/s. Each must serve 2000 x 1.1 = 2200 req/s (headroom 1.1); on the A40
-    profile only subnet 0 at batch 16 (2430/s) and 32 (2645/s) does. With a 40-request queue and 15 ms of slack the
-    paper's rule picks subnet 1 at 32 (14.66 ms, 2183/s: the queue would grow); the backlog-aware rule picks subnet 0
+    profile only subnet 0 at batch 16 (2430/s) and 32 (2645/s) does. With a 40-request queue and 20 ms of slack the
+    paper's rule picks subnet 3 at 32 (17.10 ms, 1871/s: the queue would grow); the backlog-aware rule picks subnet 0
     at 32 (12.10 ms), and drops a head with less than 6.58 ms (subnet 0 at batch 16) instead of running a batch of
     8."""
     p = datasets.superserve_a40_profile()
     paper = SlackFit(p, latency_stat="mean", backlog_aware=False)
     sf = SlackFit(p, latency_stat="mean", num_workers=4, headroom=1.1)
-    assert (paper.decide(0.015, 40, 0.1).subnet_id, paper.decide(0.015, 40, 0.1).batch_size) == (1, 32)
+    assert (paper.decide(0.020, 40, 0.1).subnet_id, paper.decide(0.020, 40, 0.1).batch_size) == (3, 32)
     sf.observe_arrivals(0.1, 400)  # 400 arrivals / 0.05 s time constant = 8000 req/s
     assert sf.arrival_rate() == pytest.approx(8000.0)
-    d = sf.decide(0.015, 40, 0.1)
+    d = sf.decide(0.020, 40, 0.1)
     assert (d.subnet_id, d.batch_size, d.fits) == (0, 32, True)
     assert sf.min_latency(40) == pytest.approx(p.latency(0, 16))
     assert paper.min_latency(40) == pytest.approx(p.min_latency())
@@ -205,6 +207,11 @@ def test_backlog_aware_slackfit_by_hand_on_a40():
     assert sf.min_latency(40) == pytest.approx(p.latency(0, 4))
     sf.set_capacity_scale(5 / 6)
     assert sf.min_latency(40) == pytest.approx(p.latency(0, 8))
+    # No rate measured, but 200 queued with 15 ms of slack: 13,333 req/s to serve them by the head's deadline, more
+    # than any choice sustains, so the highest-throughput one (subnet 0 at 32); the paper's rule takes subnet 1.
+    fresh = SlackFit(p, latency_stat="mean", num_workers=1)
+    assert (fresh.decide(0.015, 200, 0.0).subnet_id, fresh.decide(0.015, 200, 0.0).batch_size) == (0, 32)
+    assert paper.decide(0.015, 200, 0.0).subnet_id == 1
 
 
 @SETTINGS
