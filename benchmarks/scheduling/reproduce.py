@@ -20,13 +20,25 @@ Added by issue 12, each over ``--seeds`` (default 0 1 2), normally with ``--nois
     without a LatencyModel (and the same grid without interference).
 (j) the Clipper+(76.69) and Clipper+(78.25) drops of Fig. 9: their cells at 1x to 2.5x the paper's rates.
 
-Everything is seeded; every run uses 8 workers, the SuperServe authors' A40 OFA-ResNet50 profile with worker latency =
-h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop rule. Example::
+Added by issue 20 (the default SlackFit is backlog-aware and plans at the p99 with its own LatencyModel; every
+experiment that compares policies also runs ``SlackFit-paper``, the paper's bucket rule, queue-aware, at the mean):
+
+(g) also draws Fig. 13's batch-size panels; (h) also records the head's slack at every decision (Figs. 14-15).
+(k) Fig. 11b: the highest constant rate (CV² = 0) each worker count serves at >= 0.999 attainment, by bisection.
+(l) Fig. 1b: SLO misses as the actuation delay grows from 0 to 100 ms, on the bursty MAF hour of (f).
+
+Everything is seeded; every run uses 8 workers (except (h) and (k)), the SuperServe authors' A40 OFA-ResNet50
+profile with worker latency = h2d + forward + postprocess + d2h (no JPEG decode), SLO 36 ms (except (h)) and the drop
+rule. Example::
 
     python benchmarks/scheduling/reproduce.py --experiments a,b,c,d,e,f --jobs 2 \\
         --figures docs/figures --json docs/figures/reproduction_results.json
-    python benchmarks/scheduling/reproduce.py --experiments g,h,i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
-        --figures docs/figures --json docs/figures/reproduction_results_issue12.json
+    python benchmarks/scheduling/reproduce.py --experiments h,g --noise lognormal --seeds 0 1 2 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_gh.json
+    python benchmarks/scheduling/reproduce.py --experiments i,j --noise lognormal --seeds 0 1 2 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_ij.json
+    python benchmarks/scheduling/reproduce.py --experiments k,l --noise lognormal --seed 0 --jobs 2 \\
+        --figures docs/figures --json docs/figures/reproduction_results_issue20.json
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ WORKERS = 8
 PROFILE = datasets.superserve_a40_profile()
 ACC = {s.id: s.accuracy for s in PROFILE.subnets}
 BASELINES = ["MinCost"] + [f"Fixed{i}" for i in PROFILE.ids]
+SLACKFITS = ("SlackFit", "SlackFit-paper")  # the default and the paper's rule: compared, never baselines
 
 
 # ----------------------------------------------------------------------------- building blocks
@@ -114,12 +127,25 @@ def run(job: tuple) -> dict[str, Any]:
         arrivals = [t / scale for t in arrivals]
     cfg_kwargs = dict(cfg_kwargs)
     adaptive = cfg_kwargs.pop("adaptive", None)
+    record_slack = cfg_kwargs.pop("record_slack", False)
     cfg = SimConfig(**{"slo_s": SLO, "num_workers": WORKERS, **cfg_kwargs})
     model = "auto" if adaptive is None else LatencyModel(PROFILE) if adaptive else None
+    policy = make_policy(policy_name)
+    slacks: list[float] = []
+    if record_slack:  # the head's slack at every decision (App. B, Figs. 14-15): wrap the policy's decide
+        decide = policy.decide
+
+        def recording_decide(slack_s: float, queue_len: int, now: float):
+            slacks.append(slack_s)
+            return decide(slack_s, queue_len, now)
+
+        policy.decide = recording_decide
     t0 = time.perf_counter()
-    r = simulate(make_policy(policy_name), arrivals, cfg, latency_model=model)
+    r = simulate(policy, arrivals, cfg, latency_model=model)
     wall = time.perf_counter() - t0
     out = {"tag": tag, "policy": policy_name, "requests": len(arrivals), "wall_s": wall, **r.summary.as_dict()}
+    if record_slack:
+        out["slack_hist"] = slack_histogram(slacks, cfg.slo_s)
     if cfg.record_timeline:
         bin_s = 0.5 if r.end_time > 30 else 0.25
         out["rate"] = rate_series(arrivals, bin_s)
@@ -142,11 +168,25 @@ def run(job: tuple) -> dict[str, Any]:
     return out
 
 
+def slack_histogram(slacks: list[float], slo_s: float, bin_ms: float = 0.5) -> dict[str, Any]:
+    """Counts of head slacks (ms) in ``bin_ms`` bins over [0, SLO]; slacks outside land in the first or last bin."""
+    n_bins = math.ceil(slo_s * 1e3 / bin_ms)
+    counts = [0] * n_bins
+    for x in slacks:
+        counts[min(max(int(x * 1e3 / bin_ms), 0), n_bins - 1)] += 1
+    return {"bin_ms": bin_ms, "counts": counts, "decisions": len(slacks)}
+
+
 def run_all(jobs: list[tuple], n_jobs: int) -> list[dict[str, Any]]:
+    return run_all_fn(run, jobs, n_jobs)
+
+
+def run_all_fn(fn, jobs: list[tuple], n_jobs: int) -> list[dict[str, Any]]:
+    """``fn`` over ``jobs``, in ``n_jobs`` processes when more than one."""
     if n_jobs <= 1:
-        return [run(j) for j in jobs]
+        return [fn(j) for j in jobs]
     with ProcessPoolExecutor(n_jobs) as ex:
-        return list(ex.map(run, jobs, chunksize=1))
+        return list(ex.map(fn, jobs, chunksize=1))
 
 
 def capacity_table(slo: float = SLO, workers: int = WORKERS) -> list[tuple[Any, float, int, float]]:
@@ -216,6 +256,7 @@ def _label(name: str) -> str:
 
 MARKERS = {
     "SlackFit": ("*", "tab:red", 220),
+    "SlackFit-paper": ("P", "tab:pink", 110),
     "SlackFit-lit": ("*", "tab:orange", 120),
     "MinCost": ("s", "tab:green", 60),
     "MaxAcc": ("^", "tab:blue", 80),
@@ -276,7 +317,7 @@ def dynamics_plot(run_: dict, title: str, path: str, kills: list[float] = ()):
 # ----------------------------------------------------------------------------- experiments
 def exp_a(args) -> dict:
     lvs, cvs = [2950, 4900, 5550], [2, 4, 8]
-    pols = ["SlackFit", *BASELINES]
+    pols = ["SlackFit", "SlackFit-paper", *BASELINES]
     jobs = [
         (
             ("a", lv, cv),
@@ -298,15 +339,18 @@ def exp_a(args) -> dict:
     table = []
     for key, rs in cells.items():
         sf = next(r for r in rs if r["policy"] == "SlackFit")
-        base = [r for r in rs if r["policy"] != "SlackFit"]
-        table.append({"lambda_v": key[0], "cv2": key[1], "slackfit": sf, "dominated_by": dominated_by(sf, base),
+        paper = next(r for r in rs if r["policy"] == "SlackFit-paper")
+        base = [r for r in rs if r["policy"] not in SLACKFITS]
+        table.append({"slackfit_paper": paper, "paper_dominated_by": dominated_by(paper, base),
+                      "paper_headline": headline(paper, base), "lambda_v": key[0], "cv2": key[1], "slackfit": sf,
+                      "dominated_by": dominated_by(sf, base),
                       "headline": headline(sf, base), "baselines": base})  # fmt: skip
     return {"cells": table}
 
 
 def exp_b(args) -> dict:
     l2s, taus = [4800, 6800, 7800], [250, 500, 5000]
-    pols = ["SlackFit", *BASELINES]
+    pols = ["SlackFit", "SlackFit-paper", *BASELINES]
     jobs = [
         (
             ("b", l2, tau),
@@ -328,8 +372,11 @@ def exp_b(args) -> dict:
     table = []
     for key, rs in cells.items():
         sf = next(r for r in rs if r["policy"] == "SlackFit")
-        base = [r for r in rs if r["policy"] != "SlackFit"]
-        table.append({"lambda2": key[0], "tau": key[1], "slackfit": sf, "dominated_by": dominated_by(sf, base),
+        paper = next(r for r in rs if r["policy"] == "SlackFit-paper")
+        base = [r for r in rs if r["policy"] not in SLACKFITS]
+        table.append({"slackfit_paper": paper, "paper_dominated_by": dominated_by(paper, base),
+                      "paper_headline": headline(paper, base), "lambda2": key[0], "tau": key[1], "slackfit": sf,
+                      "dominated_by": dominated_by(sf, base),
                       "headline": headline(sf, base), "baselines": base})  # fmt: skip
     return {"cells": table}
 
@@ -338,11 +385,12 @@ def exp_c(args) -> dict:
     spec = ("maf", 120.0, 6400.0, None, args.seed)
     jobs = [
         (("c",), spec, p, {**sim_kwargs(args, args.seed), "record_timeline": p == "SlackFit"}, args.rate_scale)
-        for p in ["SlackFit", *BASELINES]
+        for p in ["SlackFit", "SlackFit-paper", *BASELINES]
     ]
     res = run_all(jobs, args.jobs)
     sf = next(r for r in res if r["policy"] == "SlackFit")
-    base = [r for r in res if r["policy"] != "SlackFit"]
+    paper = next(r for r in res if r["policy"] == "SlackFit-paper")
+    base = [r for r in res if r["policy"] not in SLACKFITS]
     scatter_grid({(6400, 120): res}, [6400], [120], "mean q/s", "seconds", "(c) MAF trace (cf. paper Fig. 8a)",
                  figpath(args, "repro_c_maf.png"))  # fmt: skip
     dynamics_plot(sf, "(c) SlackFit system dynamics on the MAF trace (cf. paper Fig. 8c)",
@@ -351,12 +399,13 @@ def exp_c(args) -> dict:
     for r in res:
         r.pop("rate", None), r.pop("windows", None), r.pop("decisions", None)
     return {"slackfit": sf, "baselines": base, "dominated_by": dominated_by(sf, base), "headline": headline(sf, base),
-            "peak_rate_qps": peak}  # fmt: skip
+            "slackfit_paper": paper, "paper_dominated_by": dominated_by(paper, base),
+            "paper_headline": headline(paper, base), "peak_rate_qps": peak}  # fmt: skip
 
 
 def exp_d(args) -> dict:
     cvs = [2, 4, 8]
-    pols = ["SlackFit", "MaxAcc", "MaxBatch", "SlackFit-lit", "MaxAcc-lit", "MaxBatch-lit"]
+    pols = ["SlackFit", "SlackFit-paper", "MaxAcc", "MaxBatch", "SlackFit-lit", "MaxAcc-lit", "MaxBatch-lit"]
     jobs = [
         (
             ("d", cv),
@@ -391,7 +440,7 @@ def exp_e(args) -> dict:
                 {**sim_kwargs(args, args.seed), "worker_failures": kills, "record_timeline": True},
                 args.rate_scale,
             )
-            for p in ["SlackFit", "Fixed4", "Fixed5"]
+            for p in ["SlackFit", "SlackFit-paper", "Fixed4", "Fixed5"]
         ]
         res = run_all(jobs, args.jobs)
         sf = res[0]
@@ -415,15 +464,19 @@ def exp_e(args) -> dict:
     return out
 
 
-def exp_f(args) -> dict:
+def burstiest_hour(seed: int) -> tuple[int, tuple, str]:
+    """The burstiest hour of the MAF sample (largest minute-to-minute swings), compressed to 20 s at mean 6400 q/s:
+    (first minute, trace spec, the GearPlan policy name sized for the window's peak rate)."""
     counts = datasets.maf_per_minute()
-    # The burstiest hour of the sample (largest minute-to-minute swings), compressed to 20 s at mean 6400 q/s.
     best = max(range(0, 1440 - 60), key=lambda m: sum(abs(counts[i + 1] - counts[i]) for i in range(m, m + 59)))
-    spec = ("maf", 20.0, 6400.0, (best, best + 60), args.seed)
     peak_guess = 6400.0 * max(counts[best : best + 60]) * 60 / sum(counts[best : best + 60])
-    gear = f"GearPlan:{peak_guess:.0f}"
+    return best, ("maf", 20.0, 6400.0, (best, best + 60), seed), f"GearPlan:{peak_guess:.0f}"
+
+
+def exp_f(args) -> dict:
+    best, spec, gear = burstiest_hour(args.seed)
     jobs = []
-    for p in ["SlackFit", gear]:
+    for p in ["SlackFit", "SlackFit-paper", gear]:
         for delay in (0.0, 0.1):
             jobs.append(
                 (
@@ -441,7 +494,7 @@ def exp_f(args) -> dict:
     axes[0].plot(t, rate, lw=0.8)
     axes[0].set_ylabel("ingest (q/s)")
     for r in res:
-        lab = f"{'SlackFit' if r['policy'] == 'SlackFit' else 'GearPlan'}, {r['tag'][2] * 1e3:.0f} ms actuation"
+        lab = f"{r['policy'].split(':')[0]}, {r['tag'][2] * 1e3:.0f} ms actuation"
         w = r["windows"]
         axes[1].plot([x[0] for x in w], [1 - x[1] for x in w], lw=0.8, label=lab)
         d = r["decisions"]
@@ -486,8 +539,9 @@ def mean_shares(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 
 def slackfit_choice_table(queue_lens=(1, 2, 4, 8, 16, 17, 32), slacks_ms=(6, 10, 15, 20, 22, 26, 36)) -> dict:
-    """SlackFit's choice (subnet/batch) per queue length and head slack on the A40 profile: why it picks subnet 5."""
-    sf = SlackFit(PROFILE)
+    """The paper's SlackFit's choice (subnet/batch) per queue length and head slack on the A40 profile: why it picks
+    subnet 5 (the default SlackFit adds the measured rate, which a table cannot show)."""
+    sf = make_policy("SlackFit-paper")
     return {
         "slacks_ms": list(slacks_ms),
         "rows": {
@@ -525,7 +579,31 @@ def share_plot(runs: list[tuple[str, dict]], path: str) -> None:
     fig.legend(handles, labels, loc="upper center", ncol=6, fontsize=8, title="subnet top-1 % (black: ingest rate)")
     axes[-1][0].set_xlabel("time (s)")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def batch_plot(runs: dict[str, list[dict]], path: str) -> None:
+    """Fig. 13's batch-size panels: per trace, the mean batch size over time of each SlackFit (seed 0) and the rate."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 1.9 * len(runs)), sharex=True, squeeze=False)
+    for ax, (title, rs) in zip(axes[:, 0], runs.items(), strict=True):
+        for r in rs:
+            d = r["decisions"]
+            ax.plot([x[0] for x in d], [x[1] for x in d], lw=0.8, label=r["policy"], color=MARKERS[r["policy"]][1])
+        ax.set_ylabel("mean batch", fontsize=8)
+        ax.set_ylim(0, 33)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        rate = ax.twinx()
+        t, q = zip(*rs[0]["rate"], strict=True)
+        rate.plot(t, q, color="black", lw=0.5, alpha=0.5)
+        rate.set_ylabel("ingest (q/s)", fontsize=8)
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    axes[-1][0].set_xlabel("time (s)")
+    fig.suptitle("(g) batch size over time (cf. paper Fig. 13); black: ingest rate", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
     plt.close(fig)
 
 
@@ -541,20 +619,21 @@ def exp_g(args) -> dict:
     jobs = [
         (("g", name, p), make(seed), p, {**sim_kwargs(args, seed), "record_timeline": True}, args.rate_scale)
         for name, make in traces_.items()
-        for p in ("SlackFit", "SlackFit-lit")
+        for p in ("SlackFit", "SlackFit-paper", "SlackFit-lit")
         for seed in args.seeds
     ]
     # The rate sweep behind the explanation: the CV²=2 bursty trace compressed or stretched in time.
     mults = (0.5, 0.75, 1.0, 1.25, 1.5)
     jobs += [
         (
-            ("g-sweep", m, "SlackFit"),
+            ("g-sweep", m, p),
             ("bursty", 1500, 5500, 2, args.duration, seed),
-            "SlackFit",
+            p,
             {**sim_kwargs(args, seed), "record_timeline": True},
             args.rate_scale * m,
         )
         for m in mults
+        for p in SLACKFITS
         for seed in args.seeds
     ]
     res = run_all(jobs, args.jobs)
@@ -564,6 +643,10 @@ def exp_g(args) -> dict:
             for name in traces_
         ],
         figpath(args, "repro_g_dynamics.png"),
+    )
+    batch_plot(
+        {name: [next(r for r in res if r["tag"] == ("g", name, p)) for p in SLACKFITS] for name in list(traces_)[1:]},
+        figpath(args, "repro_g_batch.png"),
     )
     cap5 = next(c for c in capacity_table() if c[0] == PROFILE.ids[-1])[3]
     largest = str(PROFILE.ids[-1])
@@ -581,7 +664,7 @@ def exp_g(args) -> dict:
 
     table = []
     for name in traces_:
-        for p in ("SlackFit", "SlackFit-lit"):
+        for p in ("SlackFit", "SlackFit-paper", "SlackFit-lit"):
             rows = [r for r in res if r["tag"] == ("g", name, p)]
             table.append(
                 {
@@ -595,24 +678,81 @@ def exp_g(args) -> dict:
             )
     sweep = []
     for m in mults:
-        rows = [r for r in res if r["tag"] == ("g-sweep", m, "SlackFit")]
-        rate = 7000.0 * args.rate_scale * m
-        sweep.append(
-            {
-                "rate_qps": rate,
-                "largest_capacity_over_rate": cap5 / rate,
-                "shares": mean_shares(rows),
-                "attainment": over_seeds(rows, "slo_attainment"),
-                "accuracy": over_seeds(rows, "mean_accuracy"),
-            }
-        )
+        for p in SLACKFITS:
+            rows = [r for r in res if r["tag"] == ("g-sweep", m, p)]
+            rate = 7000.0 * args.rate_scale * m
+            sweep.append(
+                {
+                    "policy": p,
+                    "rate_qps": rate,
+                    "largest_capacity_over_rate": cap5 / rate,
+                    "shares": mean_shares(rows),
+                    "attainment": over_seeds(rows, "slo_attainment"),
+                    "accuracy": over_seeds(rows, "mean_accuracy"),
+                }
+            )
     return {"seeds": args.seeds, "table": table, "sweep": sweep, "choices": slackfit_choice_table()}
 
 
+def latency_span_ms(policy: str, slo_s: float) -> tuple[float, float]:
+    """The profiled mean latencies (ms) a policy can run within ``slo_s``: the paper's red line in Figs. 14-15."""
+    subnets = [s for s in PROFILE.subnets if not policy.startswith("Fixed") or s.id == int(policy[5:])]
+    if policy == "MinCost":
+        subnets = [PROFILE.subnets[0]]
+    lats = [st.mean_s * 1e3 for s in subnets for st in s.latency.values() if st.mean_s <= slo_s]
+    return min(lats), max(lats)
+
+
+def hist_quantile(h: dict, q: float) -> float:
+    """The ``q`` quantile (ms, bin upper edge) of a :func:`slack_histogram`."""
+    target, acc = q * sum(h["counts"]), 0
+    for k, c in enumerate(h["counts"]):
+        acc += c
+        if acc >= target:
+            return (k + 1) * h["bin_ms"]
+    return len(h["counts"]) * h["bin_ms"]
+
+
+def merge_hists(hs: list[dict]) -> dict:
+    return {
+        "bin_ms": hs[0]["bin_ms"],
+        "counts": [sum(c) for c in zip(*(h["counts"] for h in hs), strict=True)],
+        "decisions": sum(h["decisions"] for h in hs),
+    }
+
+
+def slack_density_plot(densities: dict[str, dict], spans: dict[str, tuple[float, float]], path: str) -> None:
+    """Figs. 14-15: per policy, the density of the head's slack at decision time and the latency span (red)."""
+    plt = _plt()
+    cols = 3
+    rows = -(-len(densities) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(9, 2.1 * rows), sharex=True, squeeze=False)
+    for ax in axes.flat[len(densities) :]:
+        ax.set_visible(False)
+    for ax, (p, h) in zip(axes.flat, densities.items(), strict=False):
+        n = max(sum(h["counts"]), 1)
+        xs = [(k + 0.5) * h["bin_ms"] for k in range(len(h["counts"]))]
+        ax.fill_between(xs, [c / n / h["bin_ms"] for c in h["counts"]], step="mid", alpha=0.6)
+        lo, hi = spans[p]
+        ax.axvline(lo, color="red", lw=1)
+        ax.axvline(hi, color="red", lw=1)
+        ax.axhline(0, xmin=0, xmax=1, color="grey", lw=0.5)
+        ax.set_title(_label(p), fontsize=9)
+        ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("head slack at decision (ms)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("density (1/ms)", fontsize=8)
+    fig.suptitle("(h) App. B, Figs. 14-15: head slack at each decision; red: the policy's latency span", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def exp_h(args) -> dict:
-    """E10 (App. B): MAF at 4000 q/s (CV²=1), SLO 30 ms, 6 workers: Clipper+ vs SlackFit."""
+    """E10 (App. B): MAF at 4000 q/s (CV²=1), SLO 30 ms, 6 workers: Clipper+ vs SlackFit, and the slack densities."""
     slo, workers = 0.030, 6
-    pols = ["SlackFit", *BASELINES]
+    pols = ["SlackFit", "SlackFit-paper", *BASELINES]
     jobs = [
         (
             ("h", p, seed),
@@ -622,7 +762,8 @@ def exp_h(args) -> dict:
                 **sim_kwargs(args, seed),
                 "slo_s": slo,
                 "num_workers": workers,
-                "record_timeline": p == "SlackFit" and seed == args.seeds[0],
+                "record_timeline": p in SLACKFITS and seed == args.seeds[0],
+                "record_slack": True,
             },
             args.rate_scale,
         )
@@ -641,22 +782,40 @@ def exp_h(args) -> dict:
     per_seed = []
     for seed in args.seeds:
         rs = [r for r in res if r["tag"][2] == seed]
-        sf = next(r for r in rs if r["policy"] == "SlackFit")
-        base = [r for r in rs if r["policy"] != "SlackFit"]
-        per_seed.append({"seed": seed, "headline": headline(sf, base), "dominated_by": dominated_by(sf, base)})
+        base = [r for r in rs if r["policy"] not in SLACKFITS]
+        for p in SLACKFITS:
+            sf = next(r for r in rs if r["policy"] == p)
+            per_seed.append(
+                {"seed": seed, "policy": p, "headline": headline(sf, base), "dominated_by": dominated_by(sf, base)}
+            )
     caps = [
         {"subnet": sid, "accuracy": acc, "best_batch": b, "capacity_qps": cap}
         for sid, acc, b, cap in capacity_table(slo, workers)
     ]
-    table = [
-        {
-            "policy": p,
-            "attainment": over_seeds([r for r in res if r["policy"] == p], "slo_attainment"),
-            "accuracy": over_seeds([r for r in res if r["policy"] == p], "mean_accuracy"),
-        }
-        for p in pols
-    ]
-    return {"seeds": args.seeds, "peak_rate_qps": peak, "capacity": caps, "table": table, "per_seed": per_seed}
+    table, densities, spans = [], {}, {}
+    for p in pols:
+        rows = [r for r in res if r["policy"] == p]
+        densities[p] = merge_hists([r.pop("slack_hist") for r in rows])
+        spans[p] = latency_span_ms("SlackFit" if p in SLACKFITS else p, slo)
+        h = densities[p]
+        n = max(sum(h["counts"]), 1)
+        below = sum(c for k, c in enumerate(h["counts"]) if (k + 1) * h["bin_ms"] <= spans[p][0]) / n
+        above = sum(c for k, c in enumerate(h["counts"]) if k * h["bin_ms"] >= spans[p][1]) / n
+        table.append(
+            {
+                "policy": p,
+                "attainment": over_seeds(rows, "slo_attainment"),
+                "accuracy": over_seeds(rows, "mean_accuracy"),
+                "latency_span_ms": spans[p],
+                "slack_ms": {q: hist_quantile(h, q) for q in (0.05, 0.5, 0.95)},
+                "slack_below_span": below,
+                "slack_above_span": above,
+                "decisions": h["decisions"],
+            }
+        )
+    slack_density_plot(densities, spans, figpath(args, "repro_h_slack_density.png"))
+    return {"seeds": args.seeds, "peak_rate_qps": peak, "capacity": caps, "table": table, "per_seed": per_seed,
+            "slack_densities": densities}  # fmt: skip
 
 
 def _phase_attainment(r: dict, lo: float, hi: float) -> float:
@@ -756,8 +915,51 @@ def exp_j(args) -> dict:
     return {"seeds": args.seeds, "rows": rows}
 
 
+# ----------------------------------------------------------------------------- experiments added by issue 20
+def max_sustained_rate(job: tuple) -> dict[str, Any]:
+    """Fig. 11b, one point: the highest constant rate (CV² = 0) that ``workers`` workers serve at >= ``target``
+    attainment under ``policy``, by bisection over the rate (``steps`` halvings of [0, upper])."""
+    policy, workers, noise, seed, duration, target, steps = job
+    hi = (
+        1.05 * workers * max(b / st.mean_s for s in PROFILE.subnets for b, st in s.latency.items() if st.mean_s <= SLO)
+    )
+    lo, best = 0.0, None
+    for _ in range(steps):
+        rate = (lo + hi) / 2
+        arrivals = [k / rate for k in range(int(rate * duration))]
+        cfg = SimConfig(slo_s=SLO, num_workers=workers, latency_noise=noise, seed=seed)
+        summ = simulate(make_policy(policy), arrivals, cfg).summary
+        if summ.slo_attainment >= target:
+            lo, best = rate, {"rate_qps": rate, "attainment": summ.slo_attainment, "accuracy": summ.mean_accuracy}
+        else:
+            hi = rate
+    return {"policy": policy, "workers": workers, "max_rate": best, "resolution_qps": hi - lo}
+
+
+def exp_k(args) -> dict:
+    """Fig. 11b: the highest constant rate each worker count sustains at 0.999 attainment (both SlackFits)."""
+    worker_counts = (1, 2, 4, 8, 13, 16)
+    jobs = [(p, w, args.noise, args.seed, 5.0, 0.999, 8) for w in worker_counts for p in SLACKFITS]
+    res = run_all_fn(max_sustained_rate, jobs, args.jobs)
+    caps = {sid: cap / WORKERS for sid, _, _, cap in capacity_table()}
+    return {"target": 0.999, "duration_s": 5.0, "per_worker_capacity_qps": caps, "rows": res}
+
+
+def exp_l(args) -> dict:
+    """Fig. 1b: SLO misses as the actuation delay grows, on the bursty MAF hour of (f)."""
+    best, spec, gear = burstiest_hour(args.seed)
+    delays = (0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1)
+    jobs = [
+        (("l", p, d), spec, p, {**sim_kwargs(args, args.seed), "actuation_delay_s": d}, args.rate_scale)
+        for p in (*SLACKFITS, gear)
+        for d in delays
+    ]
+    res = run_all(jobs, args.jobs)
+    return {"minutes": [best, best + 60], "runs": res}
+
+
 EXPERIMENTS = {"a": exp_a, "b": exp_b, "c": exp_c, "d": exp_d, "e": exp_e, "f": exp_f, "g": exp_g, "h": exp_h,
-               "i": exp_i, "j": exp_j}  # fmt: skip
+               "i": exp_i, "j": exp_j, "k": exp_k, "l": exp_l}  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- report
@@ -767,15 +969,18 @@ def report(results: dict) -> None:
         print(f"  subnet {sid} ({acc:.2f}%): batch {b}, {cap:,.0f} q/s")
 
     def grid(name, cells, k1, k2):
-        print(f"\n({name}) cell | SlackFit att / acc | best baseline at >= att | headline | dominated by")
+        print(f"\n({name}) cell | policy | att / acc | best baseline at >= att | headline | dominated by")
         for c in cells:
-            sf, h = c["slackfit"], c["headline"]
-            same = [b for b in c["baselines"] if b["slo_attainment"] >= sf["slo_attainment"] - 1e-4]
-            bb = max(same, key=lambda b: b["mean_accuracy"]) if same else None
-            bbs = f"{_label(bb['policy'])} {bb['slo_attainment']:.5f}/{bb['mean_accuracy']:.2f}" if bb else "none"
-            print(f"  {k1}={c[k1]}, {k2}={c[k2]} | {sf['slo_attainment']:.5f} / {sf['mean_accuracy']:.2f} | {bbs} | "
-                  f"+{fmt(h['acc_gain_pts'], '.2f')} pts, x{fmt(h['att_ratio'], '.2f')} | "
-                  f"{c['dominated_by'] or '-'}")  # fmt: skip
+            for key, pre in (("slackfit", ""), ("slackfit_paper", "paper_")):
+                if key not in c:
+                    continue
+                sf, h = c[key], c[f"{pre}headline"]
+                same = [b for b in c["baselines"] if b["slo_attainment"] >= sf["slo_attainment"] - 1e-4]
+                bb = max(same, key=lambda b: b["mean_accuracy"]) if same else None
+                bbs = f"{_label(bb['policy'])} {bb['slo_attainment']:.5f}/{bb['mean_accuracy']:.2f}" if bb else "none"
+                print(f"  {k1}={c[k1]}, {k2}={c[k2]} | {sf['policy']} | {sf['slo_attainment']:.5f} / "
+                      f"{sf['mean_accuracy']:.2f} | {bbs} | +{fmt(h['acc_gain_pts'], '.2f')} pts, "
+                      f"x{fmt(h['att_ratio'], '.2f')} | {c[f'{pre}dominated_by'] or '-'}")  # fmt: skip
 
     if "a" in results:
         grid("a", results["a"]["cells"], "lambda_v", "cv2")
@@ -784,9 +989,11 @@ def report(results: dict) -> None:
     if "c" in results:
         c = results["c"]
         print(f"\n(c) MAF: peak {c['peak_rate_qps']:,.0f} q/s")
-        for r in [c["slackfit"], *c["baselines"]]:
+        for r in [c["slackfit"], *([c["slackfit_paper"]] if "slackfit_paper" in c else []), *c["baselines"]]:
             print(f"  {_label(r['policy']):<18} att {r['slo_attainment']:.6f} acc {r['mean_accuracy']:.3f}")
         print(f"  headline: {c['headline']}, dominated by {c['dominated_by'] or '-'}")
+        if "slackfit_paper" in c:
+            print(f"  SlackFit-paper headline: {c['paper_headline']}, dominated by {c['paper_dominated_by'] or '-'}")
     if "d" in results:
         print("\n(d) policy space")
         for cell in results["d"]["cells"]:
@@ -832,12 +1039,13 @@ def report_added(results: dict) -> None:
                 f"{fmt(row['largest_at_batch_ge_8'], '.2f')} |"
             )
         print("\n(g) rate sweep, bursty CV²=2: share served by the 80.16 % subnet")
-        print("| mean rate (q/s) | subnet-5 capacity / rate | subnet-5 share | attainment | accuracy |")
-        print("|---|---|---|---|---|")
+        print("| policy | mean rate (q/s) | subnet-5 capacity / rate | subnet-5 share | attainment | accuracy |")
+        print("|---|---|---|---|---|---|")
         for row in g["sweep"]:
             top = row["shares"][str(PROFILE.ids[-1])]
             print(
-                f"| {row['rate_qps']:,.0f} | {row['largest_capacity_over_rate']:.2f} | {_ms(top, '.3f')} | "
+                f"| {row['policy']} | {row['rate_qps']:,.0f} | {row['largest_capacity_over_rate']:.2f} | "
+                f"{_ms(top, '.3f')} | "
                 f"{_ms(row['attainment'], '.5f')} | {row['accuracy']['mean']:.2f} |"
             )
         ch = g["choices"]
@@ -852,17 +1060,26 @@ def report_added(results: dict) -> None:
             f"\n(h) E10 / App. B: MAF 4000 q/s (peak {h['peak_rate_qps']:,.0f} q/s), SLO 30 ms, 6 workers, "
             f"seeds {h['seeds']}"
         )
-        print("| policy | capacity (q/s) | attainment | accuracy |")
-        print("|---|---|---|---|")
+        print(
+            "| policy | capacity (q/s) | attainment | accuracy | latency span (ms) | head slack p5 / p50 / p95 (ms) "
+            "| slack above the span |"
+        )
+        print("|---|---|---|---|---|---|---|")
         caps = {c["subnet"]: c for c in h["capacity"]}
         for row in h["table"]:
             p = row["policy"]
             cap = f"{caps[int(p[5:])]['capacity_qps']:,.0f}" if p.startswith("Fixed") else "-"
-            print(f"| {_label(p)} | {cap} | {_ms(row['attainment'], '.5f')} | {row['accuracy']['mean']:.2f} |")
+            lo, hi = row["latency_span_ms"]
+            sq = row["slack_ms"]
+            print(
+                f"| {_label(p)} | {cap} | {_ms(row['attainment'], '.5f')} | {row['accuracy']['mean']:.2f} | "
+                f"{lo:.1f}-{hi:.1f} | {sq[0.05]:.1f} / {sq[0.5]:.1f} / {sq[0.95]:.1f} | "
+                f"{row['slack_above_span']:.3f} |"
+            )
         for ps in h["per_seed"]:
             hd = ps["headline"]
             print(
-                f"  seed {ps['seed']}: +{fmt(hd['acc_gain_pts'], '.2f')} pts at the same attainment, "
+                f"  seed {ps['seed']} {ps['policy']}: +{fmt(hd['acc_gain_pts'], '.2f')} pts at the same attainment, "
                 f"x{fmt(hd['att_ratio'], '.2f')} attainment at the same accuracy, "
                 f"dominated by {ps['dominated_by'] or '-'}"
             )
@@ -906,6 +1123,33 @@ def report_added(results: dict) -> None:
             )
 
 
+def report_issue20(results: dict) -> None:
+    """Markdown tables of experiments (k) and (l)."""
+    if "k" in results:
+        k = results["k"]
+        print(f"\n(k) Fig. 11b: highest constant rate at >= {k['target']} attainment ({k['duration_s']:g} s traces)")
+        print("| workers | policy | max rate (q/s) | attainment | accuracy | resolution (q/s) |")
+        print("|---|---|---|---|---|---|")
+        for r in k["rows"]:
+            m = r["max_rate"]
+            if m is None:
+                print(f"| {r['workers']} | {r['policy']} | none | - | - | {r['resolution_qps']:,.0f} |")
+                continue
+            print(
+                f"| {r['workers']} | {r['policy']} | {m['rate_qps']:,.0f} | {m['attainment']:.5f} | "
+                f"{m['accuracy']:.2f} | {r['resolution_qps']:,.0f} |"
+            )
+    if "l" in results:
+        print(f"\n(l) Fig. 1b: SLO miss rate vs actuation delay, MAF minutes {results['l']['minutes']}")
+        print("| policy | delay (ms) | miss rate | accuracy |")
+        print("|---|---|---|---|")
+        for r in results["l"]["runs"]:
+            print(
+                f"| {r['policy'].split(':')[0]} | {r['tag'][2] * 1e3:g} | {1 - r['slo_attainment']:.5f} | "
+                f"{r['mean_accuracy']:.2f} |"
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experiments", default="a,b,c,d,e,f")
@@ -936,6 +1180,7 @@ def main() -> None:
         print(f"experiment {e} done in {time.perf_counter() - t0:.1f} s", flush=True)
     report(results)
     report_added(results)
+    report_issue20(results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1, default=str)

@@ -48,7 +48,7 @@ def test_seed_summaries_by_hand():
 
 def test_choice_table_matches_decide():
     table = reproduce.slackfit_choice_table(queue_lens=(1, 16, 32), slacks_ms=(10, 22, 36))
-    sf = SlackFit(PROFILE)
+    sf = SlackFit(PROFILE, backlog_aware=False, latency_stat="mean")  # the paper's rule, which the table explains
     for q, row in table["rows"].items():
         for s_ms, cell in zip(table["slacks_ms"], row, strict=True):
             d = sf.decide(s_ms / 1e3, q, 0.0)
@@ -57,13 +57,45 @@ def test_choice_table_matches_decide():
     assert table["rows"][16][1] == "5/16" and table["rows"][32][2] == "4/32"
 
 
-def test_e6_queue_aware_serves_the_largest_subnet_the_literal_rule_does_not():
+def test_e6_queue_aware_paper_rule_serves_the_largest_subnet_the_literal_rule_does_not():
     spec = ("bursty", 1500, 5500, 2, 4.0, 0)
     kw = {"latency_noise": "lognormal", "seed": 0, "record_timeline": True}
-    aware = reproduce.run((("g",), spec, "SlackFit", kw, 1.0))
+    aware = reproduce.run((("g",), spec, "SlackFit-paper", kw, 1.0))
     literal = reproduce.run((("g",), spec, "SlackFit-lit", kw, 1.0))
     top = PROFILE.ids[-1]
     assert aware["shares"].get(top, 0.0) > 0.15
     assert literal["shares"].get(top, 0.0) < 0.01
     assert aware["slo_attainment"] > 0.999 and literal["slo_attainment"] > 0.999
     assert sum(n for k, n in aware["requests_by_subnet_batch"].items()) == aware["total"] - aware["dropped"]
+
+
+def test_slack_histogram_and_recorded_slacks():
+    h = reproduce.slack_histogram([-0.001, 0.0, 0.0004, 0.0006, 0.0299, 0.5], 0.030, bin_ms=0.5)
+    assert len(h["counts"]) == 60 and h["decisions"] == 6
+    # Below 0 lands in bin 0, 0.6 ms in bin 1, 29.9 ms and 500 ms in the last bin.
+    assert h["counts"][0] == 3 and h["counts"][1] == 1 and h["counts"][59] == 2 and sum(h["counts"]) == 6
+    assert reproduce.hist_quantile(h, 0.5) == 0.5 and reproduce.hist_quantile(h, 1.0) == 30.0
+    # Recording the head's slack leaves the run unchanged and sees every decision, all within the SLO.
+    spec = ("bursty", 1500, 2000, 2, 2.0, 1)
+    cfg = {"slo_s": 0.030, "num_workers": 6, "seed": 1}
+    plain = reproduce.run((("h",), spec, "Fixed3", cfg, 1.0))
+    rec = reproduce.run((("h",), spec, "Fixed3", {**cfg, "record_slack": True}, 1.0))
+    assert (rec["batches"], rec["slo_attainment"]) == (plain["batches"], plain["slo_attainment"])
+    assert rec["slack_hist"]["decisions"] >= rec["batches"]
+    lo, hi = reproduce.latency_span_ms("Fixed3", 0.030)
+    lats = [st.mean_s * 1e3 for st in PROFILE.subnets[3].latency.values() if st.mean_s <= 0.030]
+    assert (lo, hi) == (min(lats), max(lats))
+
+
+def test_max_sustained_rate_brackets_the_target():
+    got = reproduce.max_sustained_rate(("Fixed0", 1, "none", 0, 0.5, 0.999, 5))
+    rate, res = got["max_rate"]["rate_qps"], got["resolution_qps"]
+    cfg = SimConfig(slo_s=reproduce.SLO, num_workers=1, seed=0)
+
+    def attainment(r):
+        arrivals = [k / r for k in range(int(r * 0.5))]
+        return simulate(reproduce.make_policy("Fixed0"), arrivals, cfg).summary.slo_attainment
+
+    assert attainment(rate) >= 0.999 > attainment(rate + res)
+    # One worker at subnet 0's best batch (32 in 12.1 ms) serves at most ~2,645 q/s.
+    assert 1000 < rate <= 2700
