@@ -138,6 +138,55 @@ def judge(cell: dict[str, dict], att_floor: float, acc_floor: float, subject: st
     return out
 
 
+def report_saved(args: argparse.Namespace) -> None:
+    """Re-judge a saved grid and print, per (interference, workers), how many cells meet every target, and every cell
+    that does not (Markdown with ``--markdown``)."""
+    with open(args.from_json) as f:
+        saved = json.load(f)
+    rows = []
+    for c in saved["cells"]:
+        res = c["results"]
+        v = judge(res, args.att_floor, args.acc_floor, args.subject)
+        paper = judge(res, args.att_floor, args.acc_floor, "SlackFit-paper") if "SlackFit-paper" in res else None
+        m = {p: (statistics.fmean(x["att"]), statistics.fmean(x["acc"])) for p, x in res.items()}
+        rows.append((c["cell"], v, paper, m))
+    print(f"`{saved['command']}` ({saved['seeds']} seeds, {saved['duration_s']:g} s traces)\n")
+    groups: dict[tuple, list] = {}
+    for cell, v, paper, _ in rows:
+        groups.setdefault((cell["interference"], cell["workers"]), []).append((v, paper))
+    print(
+        "| interference | workers | cells | SlackFit: every target | dominated "
+        "| paper's rule: every target | dominated |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for (i, w), vs in groups.items():
+        ok = sum(v["ok"] for v, _ in vs)
+        dom = sum(bool(v["dominated_by"]) for v, _ in vs)
+        pok = sum(p["ok"] for _, p in vs if p)
+        pdom = sum(bool(p["dominated_by"]) for _, p in vs if p)
+        print(f"| {i} | {w} | {len(vs)} | {ok} | {dom} | {pok} | {pdom} |")
+    ok = sum(v["ok"] for _, v, _, _ in rows)
+    dom = sum(bool(v["dominated_by"]) for _, v, _, _ in rows)
+    pok = sum(p["ok"] for _, _, p, _ in rows if p)
+    pdom = sum(bool(p["dominated_by"]) for _, _, p, _ in rows if p)
+    print(f"| all | | {len(rows)} | **{ok}** | {dom} | {pok} | {pdom} |")
+    print("\nCells where SlackFit misses a target (attainment / accuracy, means over seeds):\n")
+    print("| W | rate | CV² | SLO ms | interference | SlackFit | best baseline | regime | verdict |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for cell, v, _, m in rows:
+        if v["ok"]:
+            continue
+        best = max(BASELINES, key=lambda p: (m[p][0], m[p][1]))
+        verdict = "dominated by " + ", ".join(v["dominated_by"]) if v["dominated_by"] else "attainment below target"
+        where = (
+            f"| {cell['workers']} | {cell['rate']:g} | {cell['cv2']:g} | {cell['slo_ms']:g} | {cell['interference']} |"
+        )
+        print(
+            f"{where} {m[args.subject][0]:.4f} / {m[args.subject][1]:.2f} | {best} {m[best][0]:.4f} / "
+            f"{m[best][1]:.2f} | {v['regime']} | {verdict} |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 8])
@@ -155,7 +204,12 @@ def main() -> None:
     ap.add_argument("--json", help="write every cell's per-seed results and verdict here")
     ap.add_argument("--show", action="store_true", help="print every policy's attainment/accuracy in every cell")
     ap.add_argument("--quiet", action="store_true", help="print only cells where SlackFit misses a target")
+    ap.add_argument("--from-json", help="judge and print the results saved by an earlier --json run (runs nothing)")
+    ap.add_argument("--markdown", action="store_true", help="with --from-json: print the summary as Markdown tables")
     args = ap.parse_args()
+    if args.from_json:
+        report_saved(args)
+        return
     for p in (args.subject, *BASELINES):
         if p not in args.policies:
             args.policies.append(p)
@@ -239,6 +293,10 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w") as f:
+            for c in out:  # five decimals are below any difference the verdicts look at; the file stays small
+                c["results"] = {
+                    p: {k: [round(x, 5) for x in xs] for k, xs in d.items()} for p, d in c["results"].items()
+                }
             json.dump(
                 {"command": " ".join(sys.argv), "duration_s": args.duration, "seeds": args.seeds, "cells": out},
                 f,
