@@ -116,8 +116,8 @@ class _BucketTable:
             if b is not None:
                 rep = b.best[-1]
         self.fastest = min(choices, key=lambda c: (c.latency, -c.batch, -c.accuracy))
-        # The drop threshold (SlackFit overrides it with the fastest *mean* latency: planning at the tail decides what
-        # to run, but a request whose slack is between the mean and the tail still has a fair chance).
+        # The drop threshold of the paper's rule: its fastest latency (the backlog-aware tables use the fastest *mean*
+        # latency instead, see SlackFit._build).
         self.drop_below = self.fastest.latency
 
     def query(self, slack_s: float) -> Choice | None:
@@ -326,6 +326,7 @@ class SlackFit(Policy):
             if dt > 0.0:
                 rate *= math.exp(-dt / self.rate_window_s)
         t = self._table(queue_len, rate)
+        c = None
         if self.backlog_aware:
             # The queue itself is load too: serving it by the head's deadline takes queue_len / slack requests per
             # second (an upper bound: the rest of the queue has more slack). It matters in a burst faster than the
@@ -334,11 +335,7 @@ class SlackFit(Policy):
             backlog = queue_len / (slack_s if slack_s > _MIN_SLACK_S else _MIN_SLACK_S) / self.headroom
             if backlog > rate:
                 c = self._table(queue_len, backlog).query(slack_s)
-                if c is None:
-                    c = t.query(slack_s)
-            else:
-                c = t.query(slack_s)
-        else:
+        if c is None:
             c = t.query(slack_s)
         if c is None:
             c = t.fastest
