@@ -27,7 +27,7 @@ from ..config import SubnetConfig
 from ..errors import InvalidSubnetError, UnsupportedModelError
 from ..handlers import OperatorEntry, register_operator_kind
 from ..operator import Operator, cloned_parameter, shallow_copy_as
-from ..weight_slice import WeightSlice
+from ..weight_slice import WeightSlice, WeightSliceLinear
 
 #: A part of a packed output: (first row of the part, rows of the part, channel group setting its active prefix).
 Part = tuple[int, int, int]
@@ -84,11 +84,7 @@ class PartsSliceLinear(WeightSlice, nn.Linear):
         dense.training = self.training
         return dense
 
-    def to_base(self) -> nn.Linear:
-        with torch.device("meta"):
-            base = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
-        base.weight, base.bias, base.training = self.weight, self.bias, self.training
-        return base
+    to_base = WeightSliceLinear.to_base  # the plain nn.Linear holding the same Parameters
 
     def extra_repr(self) -> str:
         return f"{nn.Linear.extra_repr(self)}, parts={self.parts}"
