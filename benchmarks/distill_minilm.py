@@ -20,8 +20,6 @@ and the trained supernet (``subnetact.save``) under ``--out``.
 from __future__ import annotations
 
 import argparse
-import ast
-import hashlib
 import importlib.util
 import json
 import os
@@ -29,7 +27,6 @@ import random
 import re
 import shlex
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -37,6 +34,8 @@ import torch
 
 import subnetact
 from subnetact.train import Fixed, Sandwich, distill, evaluate
+
+from _common import stdlib_docstrings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 WORD = re.compile(r"[A-Za-z]+")
@@ -51,51 +50,55 @@ def model_dir() -> Path:
 
 def stdlib_sentences(heldout_percent: int) -> tuple[list[str], list[str], dict]:
     """(train, held-out) English sentences from the standard library's docstrings, split by file."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     train, held = [], []
     seen: set[str] = set()
-    files = 0
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith(("site-packages", "test/", "idlelib/", "lib2to3/tests")) or "/test" in rel:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        files += 1
-        bucket = held if int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100 < heldout_percent else train
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc:
-                continue
-            for paragraph in re.split(r"\n\s*\n", doc):
-                lines = paragraph.strip().splitlines()
-                if not lines or any(
-                    line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines
-                ):
-                    continue  # doctests, tables, bullet lists, field lists
-                text = " ".join(line.strip() for line in lines)
-                for sentence in SENTENCE_END.split(text):
-                    words = sentence.split()
-                    if not 6 <= len(words) <= 40 or not sentence.endswith("."):
-                        continue
-                    if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
-                        continue  # mostly code or symbols
-                    if sentence in seen:
-                        continue
-                    seen.add(sentence)
-                    bucket.append(sentence)
-    source = {
-        "source": "docstrings of the Python standard library (ast.get_docstring of modules, classes, functions)",
-        "python": sys.version.split()[0],
-        "stdlib": str(root),
-        "files": files,
-        "split": f"by file: sha256(relative path) % 100 < {heldout_percent} -> held-out; sentences deduplicated",
-    }
+    docstrings, source = stdlib_docstrings(heldout_percent)
+    for is_held, doc in docstrings:
+        bucket = held if is_held else train
+        for paragraph in re.split(r"\n\s*\n", doc):
+            lines = paragraph.strip().splitlines()
+            if not lines or any(line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines):
+                continue  # doctests, tables, bullet lists, field lists
+            text = " ".join(line.strip() for line in lines)
+            for sentence in SENTENCE_END.split(text):
+                words = sentence.split()
+                if not 6 <= len(words) <= 40 or not sentence.endswith("."):
+                    continue
+                if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
+                    continue  # mostly code or symbols
+                if sentence in seen:
+                    continue
+                seen.add(sentence)
+                bucket.append(sentence)
+    source["split"] += "; sentences deduplicated"
     return train, held, source
+
+
+def make_loss(args, model):
+    """1 - cosine of the mean-pooled embeddings, plus (``--loss layers``) the relative MSE of every student layer's
+    output to the teacher's at the same fraction of depth (TinyBERT's uniform mapping), the full model weighted."""
+    import math
+
+    from subnetact.train.losses import mean_pool, token_mask
+
+    def loss(student, teacher, batch):
+        s, t = student["last_hidden_state"], teacher["last_hidden_state"]
+        mask = token_mask(batch, s.shape)
+        value = 1.0 - torch.nn.functional.cosine_similarity(mean_pool(s, mask), mean_pool(t, mask), dim=-1).mean()
+        if args.loss == "layers":
+            hs, ht = student["hidden_states"], teacher["hidden_states"]
+            depth, layers = len(hs) - 1, len(ht) - 1
+            m = mask.unsqueeze(-1).to(s.dtype)
+            extra = 0.0
+            for k in range(1, depth + 1):
+                target = ht[math.ceil(k * layers / depth)]
+                extra = extra + ((hs[k] - target).square() * m).sum() / ((target.square() * m).sum() + 1e-9)
+            value = value + args.layer_weight * extra / depth
+        if len(student["hidden_states"]) == len(teacher["hidden_states"]):  # the full model (served set: depth 6)
+            value = value * args.full_weight
+        return value
+
+    return loss
 
 
 def main() -> None:
@@ -113,6 +116,11 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=640, help="held-out sentences evaluated")
     parser.add_argument("--heldout-percent", type=int, default=15, help="%% of stdlib files held out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss", choices=["embedding", "layers"], default="embedding")
+    parser.add_argument("--layer-weight", type=float, default=1.0, help="weight of the per-layer hidden-state loss")
+    parser.add_argument("--full-weight", type=float, default=1.0, help="loss weight of the full model")
+    parser.add_argument("--train-max-length", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--out", type=Path, default=Path("minilm-run"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -135,8 +143,8 @@ def main() -> None:
     )
     model.eval()
 
-    def encode(sents: list[str]) -> dict[str, torch.Tensor]:
-        enc = tokenizer(sents, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+    def encode(sents: list[str], max_length: int = args.max_length) -> dict[str, torch.Tensor]:
+        enc = tokenizer(sents, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     bs = args.batch_size
@@ -147,7 +155,12 @@ def main() -> None:
     order = []
     for i in range(0, len(train_sents), chunk):
         order += sorted(range(i, min(i + chunk, len(train_sents))), key=lambda j: lengths[j])
-    train_batches = [encode([train_sents[j] for j in order[i : i + bs]]) for i in range(0, len(order) - bs + 1, bs)]
+    train_len = args.train_max_length or args.max_length
+    train_batches = [
+        encode([train_sents[j] for j in order[i : i + bs]], train_len) for i in range(0, len(order) - bs + 1, bs)
+    ]
+    if args.loss == "layers" or args.full_weight != 1.0:
+        train_batches = [{**b, "output_hidden_states": True} for b in train_batches]
     random.Random(args.seed + 2).shuffle(train_batches)
     held_batches = [encode(held_sents[i : i + 64]) for i in range(0, len(held_sents), 64)]
 
@@ -190,8 +203,18 @@ def main() -> None:
         lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - (time.process_time() - train_cpu0) / budget),
     )
 
+    curve: list[dict] = []
+    eval_cpu = 0.0
+
     def on_step(step: int, result) -> bool:
-        used = time.process_time() - train_cpu0
+        nonlocal eval_cpu
+        if args.eval_every and step % args.eval_every == 0:
+            t = time.process_time()
+            scores = table()
+            eval_cpu += time.process_time() - t
+            curve.append({"step": step, "cpu_s": t - train_cpu0 - eval_cpu, "cosine": scores})
+            print(f"eval step {step}: " + "  ".join(f"{v:.4f}" for v in scores), flush=True)
+        used = time.process_time() - train_cpu0 - eval_cpu
         if args.wall_minutes is not None and time.perf_counter() - train_wall0 > 60 * args.wall_minutes:
             return True
         if step % 20 == 0:
@@ -206,7 +229,7 @@ def main() -> None:
         optimizer,
         steps=100_000,  # stopped by the CPU budget
         teacher=args.teacher,
-        loss="embedding",
+        loss=make_loss(args, model) if args.loss == "layers" or args.full_weight != 1.0 else "embedding",
         schedule=schedule,
         reorder=False,  # done above, so the table has a row for it
         lr_scheduler=lr_schedule,

@@ -13,8 +13,9 @@ once. The teacher is
   updates the smaller subnets make to the shared weights;
 - any ``nn.Module`` called with the same inputs (a larger model, the unconverted original).
 
-Before the first step, heads/neurons (transformers, :func:`subnetact.reorder` with ``score="activation"``) or
-channels (other models, :func:`subnetact.reorder_channels`) are put in decreasing importance, so training starts
+Before the first step, heads/neurons (encoders, :func:`subnetact.reorder` with ``score="activation"``), FFN
+neurons/KV groups (decoder LLMs, :func:`subnetact.hf.reorder_decoder` with ``score="activation"``) or channels
+(other models, :func:`subnetact.reorder_channels`) are put in decreasing importance, so training starts
 from the best prefixes (``reorder=False`` to skip).
 
 Under ``torchrun`` (``torch.distributed`` initialised by the caller, any backend: gloo on CPU, nccl on GPU) the same
@@ -446,13 +447,20 @@ def _checkpoint(directory, model, trainer, rank, world) -> None:
 
 
 def _reorder(model: nn.Module, batches, count: int, rank: int, world: int) -> None:
+    from ..hf.decoder_reorder import reorder_decoder
+    from ..hf.decoders import decoder_family_of
     from ..hf.families import family_of
     from ..hf.reorder import reorder as hf_reorder
     from ..importance import reorder_channels
 
-    if family_of(model) is not None:
+    encoder, decoder = family_of(model) is not None, decoder_family_of(model) is not None
+    if encoder or decoder:
         iterable = batches(0) if callable(batches) else batches
-        hf_reorder(model, list(itertools.islice(iter(iterable), count)), score="activation")
+        sample = list(itertools.islice(iter(iterable), count))
+        if decoder:  # FFN neurons and KV groups (Minitron-style activation importance)
+            reorder_decoder(model, sample, score="activation")
+        else:  # heads and FFN neurons
+            hf_reorder(model, sample, score="activation")
     else:
         reorder_channels(model)
 

@@ -165,3 +165,24 @@ def test_recipe_pretrained_to_searched_served_set_to_profile(tmp_path):
         example_input=lambda n: {k: v.repeat(n, 1) for k, v in one.items()}, progress=False,
     )  # fmt: skip
     assert len(profile.subnets) == len(found.configs)
+
+
+def test_output_hidden_states_survive_convert():
+    # transformers 5 records hidden states by hooks looked up by the model's class name; the supernet class is new,
+    # and the request used to be ignored silently (no hidden_states), which per-layer distillation losses need.
+    model = encoder()
+    x = inputs("bert", batch=3, seq=9, seed=4)
+    with torch.no_grad():
+        reference = model(**x, output_hidden_states=True).hidden_states
+        subnetact.convert(model)
+        full = model(**x, output_hidden_states=True).hidden_states
+        small_cfg = model.space.make(depth=2, width=0.5)
+        small = model(**x, output_hidden_states=True, subnet=small_cfg)
+        exported = subnetact.export(model, small_cfg)(**x, output_hidden_states=True).hidden_states
+    assert len(full) == len(reference) == model.config.num_hidden_layers + 1
+    for got, want in zip(full, reference):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(small.hidden_states) == 3  # the embeddings and the two layers the subnet runs
+    torch.testing.assert_close(small.hidden_states[-1], small.last_hidden_state, rtol=0, atol=0)
+    for got, want in zip(small.hidden_states, exported):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
