@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -34,6 +35,7 @@ import torch
 
 import subnetact
 from subnetact.train import Fixed, Sandwich, distill, evaluate
+from subnetact.train.losses import mean_pool, token_mask
 
 from _common import stdlib_docstrings
 
@@ -74,29 +76,23 @@ def stdlib_sentences(heldout_percent: int) -> tuple[list[str], list[str], dict]:
     return train, held, source
 
 
-def make_loss(args, model):
-    """1 - cosine of the mean-pooled embeddings, plus (``--loss layers``) the relative MSE of every student layer's
-    output to the teacher's at the same fraction of depth (TinyBERT's uniform mapping), the full model weighted."""
-    import math
-
-    from subnetact.train.losses import mean_pool, token_mask
+def layer_loss(layer_weight: float):
+    """1 - cosine of the mean-pooled embeddings, plus ``layer_weight`` x the mean over the student's layers of the
+    relative MSE of its output to the teacher's at the same fraction of depth (TinyBERT's uniform mapping: layer
+    ``k`` of ``D`` against the teacher's ``ceil(k * L / D)``)."""
 
     def loss(student, teacher, batch):
         s, t = student["last_hidden_state"], teacher["last_hidden_state"]
         mask = token_mask(batch, s.shape)
-        value = 1.0 - torch.nn.functional.cosine_similarity(mean_pool(s, mask), mean_pool(t, mask), dim=-1).mean()
-        if args.loss == "layers":
-            hs, ht = student["hidden_states"], teacher["hidden_states"]
-            depth, layers = len(hs) - 1, len(ht) - 1
-            m = mask.unsqueeze(-1).to(s.dtype)
-            extra = 0.0
-            for k in range(1, depth + 1):
-                target = ht[math.ceil(k * layers / depth)]
-                extra = extra + ((hs[k] - target).square() * m).sum() / ((target.square() * m).sum() + 1e-9)
-            value = value + args.layer_weight * extra / depth
-        if len(student["hidden_states"]) == len(teacher["hidden_states"]):  # the full model (served set: depth 6)
-            value = value * args.full_weight
-        return value
+        cosine = torch.nn.functional.cosine_similarity(mean_pool(s, mask), mean_pool(t, mask), dim=-1).mean()
+        hs, ht = student["hidden_states"], teacher["hidden_states"]  # embeddings, then each layer run: (N, T, H)
+        depth, layers = len(hs) - 1, len(ht) - 1
+        m = mask.unsqueeze(-1).to(s.dtype)
+        per_layer = 0.0
+        for k in range(1, depth + 1):
+            target = ht[math.ceil(k * layers / depth)]
+            per_layer = per_layer + ((hs[k] - target).square() * m).sum() / ((target.square() * m).sum() + 1e-9)
+        return 1.0 - cosine + layer_weight * per_layer / depth
 
     return loss
 
@@ -159,7 +155,7 @@ def main() -> None:
     train_batches = [
         encode([train_sents[j] for j in order[i : i + bs]], train_len) for i in range(0, len(order) - bs + 1, bs)
     ]
-    if args.loss == "layers" or args.full_weight != 1.0:
+    if args.loss == "layers":
         train_batches = [{**b, "output_hidden_states": True} for b in train_batches]
     random.Random(args.seed + 2).shuffle(train_batches)
     held_batches = [encode(held_sents[i : i + 64]) for i in range(0, len(held_sents), 64)]
@@ -192,7 +188,8 @@ def main() -> None:
         reordered = None
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    schedule = Fixed(tuple(served)) if args.schedule == "served" else Sandwich(num_random=2)
+    weights = (args.full_weight, 1.0, 1.0, 1.0)
+    schedule = Fixed(tuple(served), weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
     budget = args.cpu_minutes * 60.0
     train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
     log: list[dict] = []
@@ -229,7 +226,7 @@ def main() -> None:
         optimizer,
         steps=100_000,  # stopped by the CPU budget
         teacher=args.teacher,
-        loss=make_loss(args, model) if args.loss == "layers" or args.full_weight != 1.0 else "embedding",
+        loss=layer_loss(args.layer_weight) if args.loss == "layers" else "embedding",
         schedule=schedule,
         reorder=False,  # done above, so the table has a row for it
         lr_scheduler=lr_schedule,

@@ -358,6 +358,7 @@ def _step(
         if n_global and n_local is not None:
             weight = n_local * world / n_global
     subnets = schedule.subnets(space, trainer.step, total, trainer.sampler)
+    loss_weights = schedule.loss_weights(subnets)
     largest = space.max()
     inplace = teacher_module is None
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else _nullcontext()
@@ -368,14 +369,14 @@ def _step(
             target = _detach(_teacher_outputs(model, teacher_module, local, largest, train_mode=True))
         model.train()
         trained, losses = [], []
-        for cfg in subnets:
+        for cfg, loss_weight in zip(subnets, loss_weights):
             if inplace and cfg == largest:
                 continue  # the teacher itself: its loss would be zero
             with autocast:
                 value = loss_fn(call(model, local, cfg), target, local)
             if not isinstance(value, torch.Tensor) or value.numel() != 1:
                 raise ConfigError(f"loss returned {describe(value)}; it must return a scalar tensor")
-            scaled = value * weight
+            scaled = value * (weight * loss_weight)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
             trained.append(cfg)
             losses.append(float(value.detach()))
