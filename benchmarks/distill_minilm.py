@@ -193,25 +193,27 @@ def main() -> None:
     budget = args.cpu_minutes * 60.0
     train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
     log: list[dict] = []
+    curve: list[dict] = []
+    eval_cpu = 0.0  # the --eval-every tables: not part of the budget
+
+    def spent() -> float:
+        return time.process_time() - train_cpu0 - eval_cpu
+
     # The learning rate warms up linearly, then decays linearly to 0 with the CPU budget spent (the number of steps
     # a budget buys is not known in advance on a shared machine).
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - (time.process_time() - train_cpu0) / budget),
+        optimizer, lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - spent() / budget)
     )
-
-    curve: list[dict] = []
-    eval_cpu = 0.0
 
     def on_step(step: int, result) -> bool:
         nonlocal eval_cpu
         if args.eval_every and step % args.eval_every == 0:
+            curve.append({"step": step, "cpu_s": spent()})
             t = time.process_time()
-            scores = table()
+            curve[-1]["cosine"] = table()
             eval_cpu += time.process_time() - t
-            curve.append({"step": step, "cpu_s": t - train_cpu0 - eval_cpu, "cosine": scores})
-            print(f"eval step {step}: " + "  ".join(f"{v:.4f}" for v in scores), flush=True)
-        used = time.process_time() - train_cpu0 - eval_cpu
+            print(f"eval step {step}: " + "  ".join(f"{v:.4f}" for v in curve[-1]["cosine"]), flush=True)
+        used = spent()
         if args.wall_minutes is not None and time.perf_counter() - train_wall0 > 60 * args.wall_minutes:
             return True
         if step % 20 == 0:
@@ -233,7 +235,7 @@ def main() -> None:
         seed=args.seed,
         on_step=on_step,
     )
-    train_cpu = time.process_time() - train_cpu0
+    train_cpu = spent()
     train_wall = time.perf_counter() - train_wall0
     after = table()
     print(
@@ -277,6 +279,8 @@ def main() -> None:
             }
             for i, (n, c) in enumerate(zip(names, served))
         ],
+        "curve": curve,
+        "eval_cpu_minutes": eval_cpu / 60,
         "log": log,
     }
     (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")

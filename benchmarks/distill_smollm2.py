@@ -143,8 +143,8 @@ def main() -> None:
         if args.eval_every and step % args.eval_every == 0:
             t = time.process_time()
             scores = table()
-            eval_cpu += time.process_time() - t
             curve.append({"step": step, "cpu_s": t - train_cpu0 - eval_cpu, "perplexity": scores})
+            eval_cpu += time.process_time() - t
             print(f"eval step {step}: " + "  ".join(f"{v:.3f}" for v in scores), flush=True)
         used = time.process_time() - train_cpu0 - eval_cpu
         losses = "  ".join(f"{loss:.4f}" for loss in result.losses)
