@@ -41,6 +41,8 @@ def make_router(monkeypatch, actors):
     assert user_class.__name__ == "Router"
     slots = iter(ray_serve._WorkerSlot(i, f"fake-{i}", a) for i, a in enumerate(actors))
     monkeypatch.setattr(user_class, "_start_workers", lambda self, n: [next(slots) for _ in range(n)])
+    monkeypatch.setattr(user_class, "_adopt_orphans", lambda self, n: [])  # no Ray cluster: nothing to adopt
+    monkeypatch.setattr(user_class, "_start_lease_keeper", lambda self: None)  # the fakes have no lease
     router = object.__new__(user_class)
     spec = ModelSpec("unused.safetensors", "unused:factory", PROFILE, (1, 8, 8))
     user_class.__init__(router, spec, policy=f"fixed:{PROFILE.ids[0]}", num_workers=len(actors), deadline_grace_s=0.2)
