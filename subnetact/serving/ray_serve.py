@@ -1,27 +1,35 @@
-"""SuperServe's architecture on Ray Serve: one router with the EDF queue and the policy, N single-batch workers.
+"""SuperServe's architecture on Ray Serve: router replicas with the EDF queue and the policy, single-batch workers.
 
 ::
 
-    client --HTTP--> Ray's proxy (every node) --> Router (1 replica)  ServingApp front end + EDF queue + policy:
-                                                       |              the shared scheduling.dispatch_step
+    client --HTTP--> Ray's proxy (every node) --> Router x R (2)   ServingApp front end + EDF queue + policy:
+                                                       |           the shared scheduling.dispatch_step
                                                        |  run(subnet_id, payloads): one batch at a time per worker
                                                        v
-                                                  Worker actors x N   each loads the model from a subnetact.save file
+                                                  Worker actors    num_workers in all, split among the routers; each
+                                                                   loads the model from a subnetact.save file
 
-- **The router is the ingress**: Ray's proxy terminates HTTP and forwards to the router replica, which runs the
+- **The routers are the ingress**: Ray's proxy terminates HTTP and forwards to a router replica, which runs the
   :class:`~subnetact.serving.ServingApp` front end (parsing, deadlines, JSON errors, metrics) with itself as the
-  backend. A separate ingress deployment would cost one more actor call per request for no gain: the router must see
-  every request anyway.
+  backend. A separate ingress deployment would cost one more actor call per request for no gain: a router must see
+  every request it schedules anyway.
+- **No single point of failure** (issue 22): ``num_routers`` replicas (default 2), each with its own queue and its
+  share of the workers (replica ``rank`` of ``R`` gets ``num_workers // R``, one more if ``rank < num_workers % R``).
+  When a router dies, Ray's proxy stops sending to it at its first failed request and the others take the traffic;
+  the requests it held are answered 500 by the proxy and clients send them again (idempotent: a prediction is a pure
+  function of its input). Its workers are **detached** actors *leased* to it (renewed every ``lease_s / 4`` from a
+  thread): they outlive it, and the router Serve starts in its place adopts them once their lease lapses instead of
+  loading the model again. A worker no router has leased for ``orphan_ttl_s`` is killed.
 - **Model distribution.** A converted model does not pickle; workers get a :class:`~subnetact.serving.ModelSpec`
   (checkpoint path, factory, profile: plain data) and each loads the :func:`subnetact.save` file itself. The file
   must be readable at that path on every node (shared storage, or baked into the image).
 - **Deadlines** cross processes as wall-clock times (``time.time()``): :meth:`Router.submit` takes one from callers
   in other processes or hosts and converts it to the router's ``time.monotonic()``. Over HTTP the budget starts when
   the request reaches the router (Ray's proxy hop before that is not counted).
-- **Workers** are Ray actors owned by the router (not Serve replicas), so the router knows which one is free and
+- **Workers** are Ray actors leased to one router (not Serve replicas), so the router knows which one is free and
   sends each a batch only when it is idle, as in the paper. ``reconfigure({"num_workers": n})`` (Serve's
-  ``user_config``) or :meth:`Router.scale` adds or removes workers while serving; a removed worker finishes its
-  batch first.
+  ``user_config``, sent to every replica: ``n`` is the total) or :meth:`Router.scale` (the one replica a handle call
+  reaches: its own count) adds or removes workers while serving; a removed worker finishes its batch first.
 - **Deadlines on the router's clock.** With every worker busy (or hung) the router still applies the drop rule to its
   queue when the head's time comes, and a request whose batch is still running on a worker at its deadline +
   ``deadline_grace_s`` (0.5 s) is answered ``DeadlineMissedError`` (HTTP 504); the worker is marked stuck (logged,
@@ -711,8 +719,9 @@ def app_builder(args: dict[str, Any]) -> Any:
     """Application builder for a Serve config file (``import_path: subnetact.serving.ray_serve:app_builder``).
 
     ``args``: ``checkpoint``, ``factory``, ``profile`` (JSON path), ``input_shape`` (list) and optionally
-    ``postprocess``, ``device``, ``threads``, ``num_workers`` (default 2), ``policy``, ``max_queue``,
-    ``worker_options`` and ``app_options`` (keyword arguments of :class:`ServingApp`); or ``digits: true`` for the
+    ``postprocess``, ``device``, ``threads``, ``num_workers`` (default 2, over all routers), ``num_routers`` (default
+    2), ``policy``, ``max_queue``, ``worker_options``, ``lease_s`` and ``app_options`` (keyword arguments of
+    :class:`ServingApp`); or ``digits: true`` for the
     shipped digits supernet (its profile measured on the router's node unless ``profile`` is given).
     """
     args = dict(args)

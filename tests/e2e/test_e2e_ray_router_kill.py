@@ -53,9 +53,8 @@ def predict_with_retry(port: int, x, budget_ms: float) -> tuple[int, dict, int]:
         attempts += 1
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=left_ms / 1e3 + 2.0)
         try:
-            conn.request(
-                "POST", "/predict", json.dumps({"input": x, "deadline_ms": left_ms}), {"Content-Type": "application/json"}
-            )
+            body_out = json.dumps({"input": x, "deadline_ms": left_ms})
+            conn.request("POST", "/predict", body_out, {"Content-Type": "application/json"})
             resp = conn.getresponse()
             status, raw = resp.status, resp.read()
         except (OSError, http.client.HTTPException):  # the connection dropped or timed out: send it again
@@ -160,7 +159,8 @@ def test_two_routers_survive_a_killed_router():
             time.sleep(0.2)
         assert replacement is not None, "Serve did not replace the killed router within 60 s"
         assert replacement["workers"] == [orphan] and replacement["adopted"] == 1 and replacement["started"] == 0
-        names = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == WORKER_NAMESPACE}
+        actors = ray.util.list_named_actors(all_namespaces=True)
+        names = {a["name"] for a in actors if a["namespace"] == WORKER_NAMESPACE}
         assert len(names) == 2 and orphan in names, names
         status, answer, _ = predict_with_retry(port, inputs[0].tolist(), budget_ms=20000.0)
         assert status == 200, answer
