@@ -311,6 +311,7 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
         except AttributeError:
             raise UnsupportedModelError(
                 f"{path} ({type(layer).__qualname__}) has no submodule {name!r} ({family.name} layout expected)"
+                + _gated_hint(layer, name, family)
             ) from None
         ok = type(module) is nn.Linear if plain else isinstance(module, nn.Linear)
         if not ok:
@@ -373,6 +374,23 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
             f"{parts.fc1.out_features}"
         )
     return parts
+
+
+def _gated_hint(layer: nn.Module, name: str, family: TransformerFamily) -> str:
+    """Name a gated FFN (``wi_0``, ``wi_1`` where the family expects ``wi``: T5 v1.1, Flan-T5) in a refusal."""
+    gates = []
+    for suffix in ("_0", "_1"):
+        try:
+            layer.get_submodule(name + suffix)
+            gates.append(name + suffix)
+        except AttributeError:
+            pass
+    if name != family.fc1 or len(gates) != 2:
+        return ""
+    return (
+        f"; the layer has a gated FFN ({gates[0]} and {gates[1]}, multiplied elementwise), which the {family.name} "
+        "family does not describe (one fc1 before the activation): refused"
+    )
 
 
 def all_layer_parts(
