@@ -38,6 +38,10 @@ class TransformerFamily:
         head_count_per_subnet: the attention reshapes q/k/v by its ``heads_attr`` (DeBERTa-v2) rather than by head
             size; the converted attention then reads that attribute from the active subnet
             (:mod:`subnetact.head_count`).
+        per_head_bias: name of the module holding a relative position bias with one column per head that is computed
+            once and added to the attention scores of every layer (MPNet's ``relative_attention_bias``, T5's): a
+            layer with fewer heads cannot add it, so heads are not elastic and the space has depth and FFN width
+            only (``convert`` warns, naming the module). None: heads are elastic.
     """
 
     name: str
@@ -56,6 +60,7 @@ class TransformerFamily:
     config_ffn: str = "intermediate_size"
     extra_head_projections: tuple[str, ...] = ()
     head_count_per_subnet: bool = False
+    per_head_bias: str | None = None
 
 
 BERT = TransformerFamily(
@@ -156,9 +161,74 @@ WAV2VEC2 = TransformerFamily(
     all_head_size_attr=None,
 )
 
+# MPNet: BERT's layer with its own names; the encoder adds one relative position bias, (B, H, T, T) from an
+# Embedding(buckets, H), to every layer's scores (heads fixed).
+MPNET = TransformerFamily(
+    name="mpnet",
+    layer_class="MPNetLayer",
+    attention="attention.attn",
+    query="attention.attn.q",
+    key="attention.attn.k",
+    value="attention.attn.v",
+    out="attention.attn.o",
+    fc1="intermediate.dense",
+    fc2="output.dense",
+    per_head_bias="relative_attention_bias",
+)
+# T5's encoder (ReLU FFN ``wi``/``wo``; the gated v1.1 FFN ``wi_0``/``wi_1`` has no single fc1): the first block
+# computes the relative position bias of all heads and every block adds it (heads fixed).
+T5 = TransformerFamily(
+    name="t5",
+    layer_class="T5Block",
+    attention="layer.0.SelfAttention",
+    query="layer.0.SelfAttention.q",
+    key="layer.0.SelfAttention.k",
+    value="layer.0.SelfAttention.v",
+    out="layer.0.SelfAttention.o",
+    fc1="layer.1.DenseReluDense.wi",
+    fc2="layer.1.DenseReluDense.wo",
+    heads_attr="n_heads",
+    head_size_attr="key_value_proj_dim",
+    all_head_size_attr="inner_dim",
+    config_ffn="d_ff",
+    per_head_bias="relative_attention_bias",
+)
+# Whisper's encoder layers (after its convolutional front end): CLIP's attention names with fc1/fc2 on the layer;
+# its attention reshapes k/v by the fixed ``num_heads``, so that attribute follows the subnet.
+WHISPER = TransformerFamily(
+    name="whisper",
+    layer_class="WhisperEncoderLayer",
+    attention="self_attn",
+    query="self_attn.q_proj",
+    key="self_attn.k_proj",
+    value="self_attn.v_proj",
+    out="self_attn.out_proj",
+    fc1="fc1",
+    fc2="fc2",
+    heads_attr="num_heads",
+    head_size_attr="head_dim",
+    all_head_size_attr=None,
+    config_ffn="encoder_ffn_dim",
+    head_count_per_subnet=True,
+)
+
 #: Every built-in family, in the order a model of no registered class is matched against them by layout (see
 #: :func:`family_by_layout`); families with the same module paths (BERT, RoBERTa, ELECTRA, ...) match alike.
-BUILTIN_FAMILIES = (BERT, ROBERTA, ELECTRA, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, VIT, DEIT, CLIP, WAV2VEC2)
+BUILTIN_FAMILIES = (
+    BERT,
+    ROBERTA,
+    ELECTRA,
+    XLM_ROBERTA,
+    DISTILBERT,
+    DEBERTA_V2,
+    VIT,
+    DEIT,
+    CLIP,
+    WAV2VEC2,
+    MPNET,
+    T5,
+    WHISPER,
+)
 
 # "module.QualName" of each supported model class -> its family.
 _FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
@@ -241,6 +311,7 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
         except AttributeError:
             raise UnsupportedModelError(
                 f"{path} ({type(layer).__qualname__}) has no submodule {name!r} ({family.name} layout expected)"
+                + _gated_hint(layer, name, family)
             ) from None
         ok = type(module) is nn.Linear if plain else isinstance(module, nn.Linear)
         if not ok:
@@ -303,6 +374,23 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
             f"{parts.fc1.out_features}"
         )
     return parts
+
+
+def _gated_hint(layer: nn.Module, name: str, family: TransformerFamily) -> str:
+    """Name a gated FFN (``wi_0``, ``wi_1`` where the family expects ``wi``: T5 v1.1, Flan-T5) in a refusal."""
+    gates = []
+    for suffix in ("_0", "_1"):
+        try:
+            layer.get_submodule(name + suffix)
+            gates.append(name + suffix)
+        except AttributeError:
+            pass
+    if name != family.fc1 or len(gates) != 2:
+        return ""
+    return (
+        f"; the layer has a gated FFN ({gates[0]} and {gates[1]}, multiplied elementwise), which the {family.name} "
+        "family does not describe (one fc1 before the activation): refused"
+    )
 
 
 def all_layer_parts(

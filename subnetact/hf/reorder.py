@@ -114,6 +114,8 @@ def reorder(
 
     # Phase 2: permute (everything above only read the model).
     head_order = [torch.argsort(s, descending=True, stable=True) for s in head_scores]
+    if family.per_head_bias is not None:  # the bias columns are the heads too; heads are not elastic, so stay put
+        head_order = [torch.arange(len(s)) for s in head_scores]
     ffn_order = [torch.argsort(s, descending=True, stable=True) for s in ffn_scores]
     with torch.no_grad():
         for p, h_order, f_order in zip(parts, head_order, ffn_order):

@@ -42,7 +42,8 @@ _RTOL_LOW_PRECISION = 2e-2
 
 
 def default_example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A batch of 2 tiny inputs for ``model.main_input_name``: 8 random token ids or random images.
+    """A batch of 2 tiny inputs for ``model.main_input_name``: 8 random token ids, random images, a raw waveform of 8
+    feature frames (Wav2Vec2, HuBERT) or random log-mel features (Whisper).
 
     Raises:
         UnsupportedModelError: another input kind (audio, multimodal): pass ``example_inputs`` to
@@ -71,6 +72,12 @@ def default_example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
             length = (length - 1) * stride + kernel
         dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
         return {"input_values": torch.randn(2, length, generator=gen).to(device, dtype)}
+    bins, frames = getattr(cfg, "num_mel_bins", None), getattr(cfg, "max_source_positions", None)
+    if name == "input_features" and isinstance(bins, int) and isinstance(frames, int):
+        # Log-mel features (Whisper): the encoder takes exactly 2 * max_source_positions frames (its second
+        # convolution has stride 2) and refuses any other length.
+        dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+        return {"input_features": torch.randn(2, bins, 2 * frames, generator=gen).to(device, dtype)}
     raise UnsupportedModelError(
         f"{type(model).__qualname__}: cannot build a tiny example input to verify its transformer family "
         f"(main_input_name={name!r}); pass example_inputs=lambda model: {{...}} to subnetact.hf.register_family"
@@ -157,7 +164,11 @@ def verify_family(
     """
     inputs = (example_inputs or default_example_inputs)(model)
     w = min(widths)
-    heads = [active_size(w, p.heads * p.head_size, p.head_size) for p in parts]
+    # A family with a per-head bias keeps every head (the space has no heads dimension).
+    heads = [
+        p.heads * p.head_size if family.per_head_bias else active_size(w, p.heads * p.head_size, p.head_size)
+        for p in parts
+    ]
     ffn = [active_size(w, p.ffn) for p in parts]
     narrow = any(h != p.heads * p.head_size or f != p.ffn for h, f, p in zip(heads, ffn, parts))
     modes = {m: m.training for m in model.modules()}
