@@ -19,7 +19,8 @@
   the requests it held are answered 500 by the proxy and clients send them again (idempotent: a prediction is a pure
   function of its input). Its workers are **detached** actors *leased* to it (renewed every ``lease_s / 4`` from a
   thread): they outlive it, and the router Serve starts in its place adopts them once their lease lapses instead of
-  loading the model again. A worker no router has leased for ``orphan_ttl_s`` is killed.
+  loading the model again, if they serve the same model (:func:`model_key`). A worker no router has leased for
+  ``orphan_ttl_s`` is killed.
 - **Model distribution.** A converted model does not pickle; workers get a :class:`~subnetact.serving.ModelSpec`
   (checkpoint path, factory, profile: plain data) and each loads the :func:`subnetact.save` file itself. The file
   must be readable at that path on every node (shared storage, or baked into the image).
@@ -46,7 +47,9 @@ baseline on the same engine (Ray's ``@serve.batch`` running one fixed subnet, or
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import json
 import logging
 import os
 import threading
@@ -64,6 +67,7 @@ from scheduling import (
     EDFQueue,
     LatencyModel,
     NoWorkersError,
+    Profile,
     QueueFullError,
     SchedulerClosedError,
     WorkerFailedError,
@@ -83,6 +87,7 @@ __all__ = [
     "Worker",
     "app_builder",
     "build_app",
+    "model_key",
     "serve_batch_app",
 ]
 
@@ -102,8 +107,9 @@ class Worker:
     methods run in their own ``"control"`` thread, so a router can renew (or adopt) while a batch runs or hangs.
     """
 
-    def __init__(self, spec: ModelSpec, owner: str, lease_s: float) -> None:
+    def __init__(self, spec: ModelSpec, owner: str, lease_s: float, model_key: str) -> None:
         self.runner = spec.build()
+        self.model_key = model_key  # which model it serves (:func:`model_key`): only a router of that model adopts it
         self._lease_lock = threading.Lock()  # the control thread and nothing else touches the lease; one at a time
         self._owner = owner
         self._renewed_at = time.monotonic()
@@ -117,18 +123,22 @@ class Worker:
         return True
 
     @ray.method(concurrency_group="control")
-    def claim(self, router_id: str, lease_s: float) -> dict[str, Any]:
-        """Take or renew the lease for ``router_id``: granted if it holds it already or the holder's has lapsed.
+    def claim(self, router_id: str, lease_s: float, model_key: str) -> dict[str, Any]:
+        """Take or renew the lease for ``router_id``: granted if it holds it already or the holder's has lapsed,
+        and only for a router of the same model (``model_key``: another application, or a new version, must not
+        adopt a worker that runs another checkpoint or profile).
 
-        Returns ``{"granted": bool, "since_renewal_s": seconds since the holder last renewed, "pid": ...}``.
+        Returns ``{"granted": bool, "since_renewal_s": seconds since the holder last renewed, "same_model": bool,
+        "pid": ...}``.
         """
         with self._lease_lock:
             now = time.monotonic()
             since = now - self._renewed_at
-            granted = self._owner == router_id or since > self._lease_s
+            same_model = model_key == self.model_key
+            granted = same_model and (self._owner == router_id or since > self._lease_s)
             if granted:
                 self._owner, self._renewed_at, self._lease_s = router_id, now, lease_s
-            return {"granted": granted, "since_renewal_s": since, "pid": os.getpid()}
+            return {"granted": granted, "since_renewal_s": since, "same_model": same_model, "pid": os.getpid()}
 
     @ray.method(concurrency_group="control")
     def orphaned_for(self) -> float:
@@ -211,6 +221,7 @@ class Router:
         self.router_id = uuid.uuid4().hex
         self.rank, self.num_routers = _replica_rank()
         self.profile = spec.load_profile()
+        self.model_key = model_key(spec, self.profile)
         self.policy = make_policy(policy, self.profile)
         # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
         # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
@@ -263,7 +274,7 @@ class Router:
             # Unique names: workers outlive their router (detached), and a restarted router's ids start at 0 again.
             name = f"{self.name_prefix}-{uuid.uuid4().hex[:12]}"
             actor = cls.options(name=name, namespace=WORKER_NAMESPACE, lifetime="detached").remote(
-                self.spec, self.router_id, self.lease_s
+                self.spec, self.router_id, self.lease_s, self.model_key
             )
             slots.append(_WorkerSlot(next(self._ids), name, actor))
         try:
@@ -297,7 +308,7 @@ class Router:
                     continue
                 try:
                     actor = ray.get_actor(name, namespace=WORKER_NAMESPACE)
-                    lease = ray.get(actor.claim.remote(self.router_id, self.lease_s), timeout=10)
+                    lease = ray.get(actor.claim.remote(self.router_id, self.lease_s, self.model_key), timeout=10)
                 except (ValueError, GetTimeoutError, *_WORKER_DIED):  # gone (or wedged) since it was listed
                     tried.add(name)
                     continue
@@ -305,7 +316,7 @@ class Router:
                     tried.add(name)
                     adopted.append(_WorkerSlot(next(self._ids), name, actor))
                     _log.info("router %s adopted worker %s (model already loaded)", self.router_id[:8], name)
-                elif lease["since_renewal_s"] > self.lease_s / 2:
+                elif lease["same_model"] and lease["since_renewal_s"] > self.lease_s / 2:
                     lapsing = True
             if not lapsing or time.monotonic() > give_up:
                 break
@@ -324,7 +335,7 @@ class Router:
         next_scan = time.monotonic() + 4 * self.lease_s
         while not self._stop_leases.wait(self.lease_s / 4):
             mine = [w for w in list(self.workers.values()) if not w.lost]
-            refs = [(w, w.actor.claim.remote(self.router_id, self.lease_s)) for w in mine]
+            refs = [(w, w.actor.claim.remote(self.router_id, self.lease_s, self.model_key)) for w in mine]
             for w, ref in refs:
                 try:
                     granted = ray.get(ref, timeout=self.lease_s / 2)["granted"]
@@ -590,6 +601,19 @@ class Router:
             req.attempts += 1
             self.counts["retried"] += 1
             self.queue.push(deadline, arrival, req)  # the drop rule decides whether it can still make it
+
+
+def model_key(spec: ModelSpec, profile: Profile) -> str:
+    """What a worker serves, as a digest: the spec's fields, the loaded profile and the checkpoint file's size and
+    modification time (where the router can see it). Workers are adopted only by routers with the same key."""
+    try:
+        st = os.stat(spec.checkpoint)
+        stamp: list[int] | None = [st.st_size, st.st_mtime_ns]
+    except OSError:  # not visible from the router's node: the path alone
+        stamp = None
+    fields = [spec.checkpoint, spec.factory, list(spec.input_shape), spec.postprocess, spec.device, spec.threads]
+    text = json.dumps([fields, stamp, profile.to_dict()], sort_keys=True, default=repr)  # same bytes in every process
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _replica_rank() -> tuple[int, int]:
