@@ -32,6 +32,8 @@ the width may change at every iteration. Step latencies do not depend on the seq
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Collection, Sequence
@@ -195,15 +197,15 @@ class DecodeScheduler:
             )
         self.decode_policy = IterationFit(decode_profile, subnet_ids=subnet_ids, latency_stat=latency_stat)
         self.prefill_policy = IterationFit(prefill_profile, subnet_ids=subnet_ids, latency_stat=latency_stat)
-        largest = decode_profile.batch_sizes[-1]
+        largest = self.decode_policy.largest_batch
         if max_batch is None:
             max_batch = largest
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= largest:
             raise InvalidRequestError(
-                f"max_batch must be an int in 1..{largest} (the largest profiled decode batch size), got {max_batch!r}"
+                f"max_batch must be an int in 1..{largest} (the largest decode batch profiled), got {max_batch!r}"
             )
         self.max_batch = max_batch
-        self.max_prompt_tokens = prefill_profile.batch_sizes[-1]
+        self.max_prompt_tokens = self.prefill_policy.largest_batch
         self._accuracy = {s.id: s.accuracy for s in decode_profile.subnets}
         self.records: list[SequenceRecord] = []
         self._waiting: deque[int] = deque()  # submitted, not admitted, in arrival order
@@ -304,6 +306,7 @@ class DecodeScheduler:
         budget = min(self._deadline(self.records[i], 0) for i in ids) - now
         if running:
             budget = min(budget, slack - decode.min_latency(running + n))
+        budget = min(budget, self._step_budget(now, ids))  # the rest of the queue waits for this prefill too
         d = prefill.decide(budget, tokens, now)
         return Prefill(ids, d.subnet_id, tokens, d)
 
@@ -335,31 +338,39 @@ class DecodeScheduler:
         d = self.decode_policy.decide(self._step_budget(now), len(self._running), now)
         return DecodeStep(tuple(self._running), d.subnet_id, d)
 
-    def _step_budget(self, now: float) -> float:
+    def _step_budget(self, now: float, admitting: Sequence[int] = ()) -> float:
         """The latency one decode step may take now: the running sequences' slack, tightened by the queue.
 
         A waiting sequence that can be admitted right after this step needs its prefill to fit its first-token
-        deadline, and the running sequences need room for that prefill too. One that waits for a slot gets the slot
-        of the running sequence that will end soonest (``r`` steps left, at most): the ``r`` steps plus its prefill
-        must fit its deadline, so each step may take ``(slack - prefill) / r``. Without this the loop runs wide steps
-        on a full batch while the queue's deadlines pass (the queue's share of the slack, SlackFit's backlog rule).
-        Hopeless deadlines make the budget negative: the policy then runs its fastest step, the least late.
+        deadline, and the running sequences need room for that prefill too. One that waits for a slot gets the first
+        slot to free up: ``r`` steps from now (a running sequence's remaining tokens, at most; queued sequences are
+        given slots in arrival order, each holding its slot for its ``max_new_tokens``), so those ``r`` steps plus its
+        prefill must fit its first-token deadline and each step may take ``(slack - prefill) / r``. Without this the
+        loop runs wide steps on a full batch while the queue's deadlines pass (the queue's share of the slack, as in
+        SlackFit's backlog rule). Hopeless deadlines make the budget negative: the policy then runs its fastest step,
+        the least late. A prefill (``admitting`` the sequences it prefills) delays the queue like a step.
         """
-        running = [self.records[i] for i in self._running]
         budget = slack = self._running_slack(now)
-        room = self.max_batch - len(running)
-        left = sorted(r.max_new_tokens - len(r.token_times_s) for r in running)  # steps until a slot frees, at most
+        # Steps until each of the max_batch slots is free: 0 for an empty one, else the tokens its sequence has left
+        # (the sequences being admitted, ``admitting``, hold theirs for all of their tokens).
+        running = [self.records[i] for i in self._running]
+        slots = [r.max_new_tokens - len(r.token_times_s) for r in running]
+        slots += [self.records[i].max_new_tokens for i in admitting]
+        slots += [0] * (self.max_batch - len(slots))
+        heapq.heapify(slots)
         prefill = self.prefill_policy
-        for j, i in enumerate(self._waiting):
+        for i in itertools.islice(self._waiting, len(admitting), None):
             rec = self.records[i]
-            if rec.arrival_s > now or j >= room + len(left):
+            if rec.arrival_s > now:
                 break
+            free = heapq.heappop(slots)
             reserve = prefill.min_latency(rec.prompt_tokens)
             head = self._deadline(rec, 0) - now - reserve
-            if j < room:  # admitted after this step: its prefill comes before the running sequences' next step
+            if free == 0:  # admitted after this step: its prefill comes before the running sequences' next step
                 budget = min(budget, head, slack - reserve)
             else:
-                budget = min(budget, head / left[j - room])
+                budget = min(budget, head / free)
+            heapq.heappush(slots, free + rec.max_new_tokens)
         return budget
 
     def finish_decode(self, now: float, step: DecodeStep, ended: Collection[int] = ()) -> None:

@@ -408,27 +408,30 @@ class IterationFit(Policy):
 
     def _rebuild(self) -> None:
         ids = None if self.subnet_ids is None else set(self.subnet_ids)
+        own: dict[SubnetId, dict[int, Choice]] = {}
+        for c in self._all:
+            if ids is None or c.subnet_id in ids:
+                own.setdefault(c.subnet_id, {})[c.batch] = c
+        # Class k: batches of up to batch_sizes[k]; each subnet is charged its smallest profiled size that holds the
+        # whole batch (a padded batch), and a subnet profiled only below it cannot run it.
         tables: list[PrefixBest | None] = []
         for b in self._batch_sizes:
-            cs = [c for c in self._all if c.batch == b and (ids is None or c.subnet_id in ids)]
+            cs = [sizes[min(x for x in sizes if x >= b)] for sizes in own.values() if max(sizes) >= b]
             tables.append(PrefixBest(cs, lambda c: (c.accuracy, -c.latency)) if cs else None)
-        # A size some selected subnet was not profiled at is served by the next profiled size up (a padded batch).
-        for k in range(len(tables) - 2, -1, -1):
-            if tables[k] is None:
-                tables[k] = tables[k + 1]
-        if tables[-1] is None:
-            raise InvalidProfileError(
-                f"subnets {list(self.subnet_ids or ())!r} are not profiled at the largest batch size "
-                f"{self._max_batch}: every subnet an IterationFit chooses from needs it"
-            )
         self._tables = tables
+        self._largest = max(max(sizes) for sizes in own.values())
+
+    @property
+    def largest_batch(self) -> int:
+        """The largest batch these subnets can run (the largest size profiled for any of them)."""
+        return self._largest
 
     def decide(self, slack_s: float, queue_len: int, now: float) -> Decision:
         self._check_args(slack_s, queue_len)
-        if queue_len > self._max_batch:
+        if queue_len > self._largest:
             raise InvalidRequestError(
-                f"queue_len {queue_len!r} exceeds the largest profiled batch size {self._max_batch}: the whole batch "
-                f"runs together, so profile up to the largest batch the host forms"
+                f"queue_len {queue_len!r} exceeds the largest batch size profiled for these subnets, {self._largest}: "
+                f"the whole batch runs together, so profile up to the largest batch the host forms"
             )
         t = self._tables[self._k(queue_len)]
         c = t.query(slack_s) or t.fastest
@@ -436,7 +439,7 @@ class IterationFit(Policy):
 
     def min_latency(self, queue_len: int) -> float:
         """The fastest latency of a batch of ``queue_len`` (``inf`` above the largest profiled batch size)."""
-        if queue_len > self._max_batch:
+        if queue_len > self._largest:
             return math.inf
         return self._tables[self._k(max(queue_len, 1))].fastest.latency
 
