@@ -13,17 +13,21 @@ is *on time* when it is emitted by its deadline; every token is emitted (no sequ
 
 **Decisions**, each through an :class:`~scheduling.IterationFit` policy (whole batches, one subnet):
 
-1. *Admission* (:meth:`DecodeScheduler.plan_prefill`): the first ``n`` arrived sequences (FIFO, at most
-   ``max_batch`` running) such that the grown batch is *sustainable*, i.e. its fastest decode step fits one
-   ``tpot_s``, and, when sequences are running, the prefill at its fastest plus the grown batch's fastest decode
-   step fit the running sequences' slack. An idle engine always admits at least one sequence.
+1. *Admission* (:meth:`DecodeScheduler.plan_prefill`): the first ``n`` arrived sequences (FIFO) such that the
+   grown batch is *sustainable*, i.e. its fastest decode step fits one ``tpot_s`` (the largest such batch, at most
+   ``max_batch``, is :attr:`DecodeScheduler.sustainable_batch`), and, while the running sequences' next tokens can
+   still be on time, the prefill at its fastest plus the grown batch's fastest decode step fit their slack (tokens
+   already late do not hold the queue back). An idle engine always admits at least one sequence.
 2. *Prefill subnet*: the most accurate whose prefill latency (profiled per prompt *tokens*: ``n`` times the longest
    admitted prompt, the padded batch) fits the newcomers' first-token slack and the running sequences' slack left
    after their next decode step.
 3. *Decode subnet* (:meth:`DecodeScheduler.plan_decode`): the most accurate whose step latency at the running batch
-   size fits the slack of the earliest next-token deadline (SlackFit's question with the batch fixed). When sequences
-   wait for admission, the prefill of the next one is first reserved from that slack, so the next iteration can admit
-   it without making a running token late (unless the reserve would make this step late).
+   size fits the *step budget*: the slack of the earliest next-token deadline (SlackFit's question with the batch
+   fixed), tightened by the waiting sequences' first-token deadlines (each gets the first slot to free up, after the
+   prefills ahead of it; see ``_step_budget``), SlackFit's backlog rule for decoding.
+
+The loop cannot see a burst coming: steps run wide while the queue allows it, so a burst that arrives when the batch
+is full finds slots that free up later than under a narrow fixed width (measured in ``docs/llm.md``).
 
 Subnets here are anything the profiles list; for an elastic LLM they are FFN widths, which share the KV cache, so
 the width may change at every iteration. Step latencies do not depend on the sequences' lengths in this model
@@ -205,6 +209,10 @@ class DecodeScheduler:
                 f"max_batch must be an int in 1..{largest} (the largest decode batch profiled), got {max_batch!r}"
             )
         self.max_batch = max_batch
+        # The largest batch whose fastest step keeps one token per tpot: admission never grows the batch beyond it
+        # (at least 1: an idle engine always admits one sequence).
+        fits = [b for b in range(1, max_batch + 1) if self.decode_policy.min_latency(b) <= self.tpot_s]
+        self.sustainable_batch = max(fits, default=1)
         self.max_prompt_tokens = self.prefill_policy.largest_batch
         self._accuracy = {s.id: s.accuracy for s in decode_profile.subnets}
         self.records: list[SequenceRecord] = []
@@ -282,7 +290,7 @@ class DecodeScheduler:
                 break
             arrived += 1
         running = len(self._running)
-        room = min(arrived, self.max_batch - running)
+        room = min(arrived, self.sustainable_batch - running)
         if room <= 0:
             return None
         slack = self._running_slack(now)
@@ -294,8 +302,9 @@ class DecodeScheduler:
             if running == 0 and n == 1:
                 break  # an idle engine always admits one: every submitted sequence must complete
             if decode.min_latency(running + n) > self.tpot_s:
-                continue  # the grown batch could not keep one token per tpot even at its fastest
-            if running and prefill.min_latency(tokens) + decode.min_latency(running + n) > slack:
+                continue  # the grown batch could not keep one token per tpot even at its fastest (non-monotone)
+            on_time = slack >= decode.min_latency(running)  # (a token already late must not starve the queue)
+            if running and on_time and prefill.min_latency(tokens) + decode.min_latency(running + n) > slack:
                 continue  # the prefill would make a running sequence's next token late
             break
         else:
@@ -356,16 +365,18 @@ class DecodeScheduler:
         running = [self.records[i] for i in self._running]
         slots = [r.max_new_tokens - len(r.token_times_s) for r in running]
         slots += [self.records[i].max_new_tokens for i in admitting]
-        slots += [0] * (self.max_batch - len(slots))
+        slots += [0] * (self.sustainable_batch - len(slots))
         heapq.heapify(slots)
         prefill = self.prefill_policy
+        prefills = 0.0  # the prefills of this sequence and of those admitted before it all delay its first token
         for i in itertools.islice(self._waiting, len(admitting), None):
             rec = self.records[i]
             if rec.arrival_s > now:
                 break
             free = heapq.heappop(slots)
             reserve = prefill.min_latency(rec.prompt_tokens)
-            head = self._deadline(rec, 0) - now - reserve
+            prefills += reserve
+            head = self._deadline(rec, 0) - now - prefills
             if free == 0:  # admitted after this step: its prefill comes before the running sequences' next step
                 budget = min(budget, head, slack - reserve)
             else:
