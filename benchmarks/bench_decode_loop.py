@@ -177,7 +177,8 @@ def simulate(args: argparse.Namespace) -> None:
     rows = []
     for ids in [None] + [[f"ffn{w}"] for w in WIDTHS]:
         sched = scheduling.DecodeScheduler(steps, fill, tpot_s=args.tpot, ttft_s=args.ttft, max_batch=args.max_batch,
-                                           subnet_ids=ids, latency_stat=args.stat)  # fmt: skip
+                                           subnet_ids=ids, latency_stat=args.stat, headroom=args.headroom,
+                                           rate_window_s=args.rate_window)  # fmt: skip
         s = scheduling.simulate_decode(sched, arrivals, [args.prompt] * n, [args.output] * n)
         rows.append(row("elastic" if ids is None else f"fixed {ids[0]}", s))
     report(rows)
@@ -196,7 +197,8 @@ def real(args: argparse.Namespace) -> None:
     loops = [None] + [[f"ffn{w}"] for w in args.real_fixed]
     for ids in loops:
         sched = scheduling.DecodeScheduler(steps, fill, tpot_s=args.tpot, ttft_s=args.ttft, max_batch=args.max_batch,
-                                           subnet_ids=ids, latency_stat=args.stat)  # fmt: skip
+                                           subnet_ids=ids, latency_stat=args.stat, headroom=args.headroom,
+                                           rate_window_s=args.rate_window)  # fmt: skip
         engine = ElasticDecodeEngine(model, sched)
         start = engine.now()
         for t, p in zip(arrivals, prompts, strict=True):
@@ -230,6 +232,8 @@ def main() -> None:
         s.add_argument("--cv2", type=float, default=4.0)
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--stat", choices=["mean", "p99"], default="mean" if name == "simulate" else "p99")
+        s.add_argument("--headroom", type=float, default=1.0, help="DecodeScheduler(headroom=)")
+        s.add_argument("--rate-window", type=float, default=None, help="DecodeScheduler(rate_window_s=)")
         s.add_argument("--duration", type=float, default=600.0 if name == "simulate" else 60.0)
         if name == "real":
             s.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")

@@ -21,13 +21,16 @@ is *on time* when it is emitted by its deadline; every token is emitted (no sequ
 2. *Prefill subnet*: the most accurate whose prefill latency (profiled per prompt *tokens*: ``n`` times the longest
    admitted prompt, the padded batch) fits the newcomers' first-token slack and the running sequences' slack left
    after their next decode step.
-3. *Decode subnet* (:meth:`DecodeScheduler.plan_decode`): the most accurate whose step latency at the running batch
-   size fits the *step budget*: the slack of the earliest next-token deadline (SlackFit's question with the batch
-   fixed), tightened by the waiting sequences' first-token deadlines (each gets the first slot to free up, after the
-   prefills ahead of it; see ``_step_budget``), SlackFit's backlog rule for decoding.
+3. *Decode subnet* (:meth:`DecodeScheduler.plan_decode`): among the subnets whose token throughput sustains the
+   measured demand (SlackFit's sustainable choices; ``headroom``), the most accurate whose step latency at the
+   running batch size fits the *step budget*: the slack of the earliest next-token deadline (SlackFit's question
+   with the batch fixed), tightened by the waiting sequences' first-token deadlines (each gets the first slot to
+   free up, after the prefills ahead of it; see ``_step_budget``), SlackFit's backlog rule for decoding. The prefill
+   subnet is chosen among the same sustainable subnets.
 
-The loop cannot see a burst coming: steps run wide while the queue allows it, so a burst that arrives when the batch
-is full finds slots that free up later than under a narrow fixed width (measured in ``docs/llm.md``).
+The loop cannot see a burst coming: steps run wide while the demand and the queue allow it, so a burst that arrives
+when the batch is full finds slots that free up later than under a narrow fixed width; ``headroom`` trades width for
+that margin (measured in ``docs/llm.md``).
 
 Subnets here are anything the profiles list; for an elastic LLM they are FFN widths, which share the KV cache, so
 the width may change at every iteration. Step latencies do not depend on the sequences' lengths in this model
@@ -155,10 +158,16 @@ class DecodeScheduler:
         subnet_ids: Restrict every decision to these subnets (default: all). One id is a fixed subnet.
         latency_stat: ``"mean"`` (default: exact for a simulation from the same profile) or ``"p99"`` (plan at the
             tail, for wall-clock runs).
+        rate_window_s: Time constant of the demand estimate (output tokens asked per second, a decaying count of
+            the arrivals' ``max_new_tokens``); default ``ttft_s``.
+        headroom: Only subnets whose token throughput at :attr:`sustainable_batch` is at least ``headroom`` times
+            the demand are chosen (at least the fastest), as SlackFit keeps to sustainable choices. Default 1.0:
+            keep up on average; more keeps spare capacity for bursts at the cost of width (measured in
+            ``docs/llm.md``).
 
     Raises:
-        InvalidRequestError: a target is not a positive number, ``max_batch`` is not in ``1..largest profiled``,
-            or the profiles list different subnets.
+        InvalidRequestError: a target, ``rate_window_s`` or ``headroom`` is not a positive number, ``max_batch``
+            is not in ``1..largest profiled``, or the profiles list different subnets.
         UnknownSubnetError: a ``subnet_ids`` entry is not in the profiles.
 
     Example::
@@ -188,6 +197,8 @@ class DecodeScheduler:
         max_batch: int | None = None,
         subnet_ids: Sequence[SubnetId] | None = None,
         latency_stat: LatencyStat = "mean",
+        rate_window_s: float | None = None,
+        headroom: float = 1.0,
     ) -> None:
         self.tpot_s = _positive("tpot_s", tpot_s)
         self.ttft_s = _positive("ttft_s", ttft_s)
@@ -214,6 +225,22 @@ class DecodeScheduler:
         fits = [b for b in range(1, max_batch + 1) if self.decode_policy.min_latency(b) <= self.tpot_s]
         self.sustainable_batch = max(fits, default=1)
         self.max_prompt_tokens = self.prefill_policy.largest_batch
+        self.rate_window_s = self.ttft_s if rate_window_s is None else _positive("rate_window_s", rate_window_s)
+        if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 < headroom < math.inf:
+            raise InvalidRequestError(f"headroom must be a finite number > 0, got {headroom!r}")
+        self.headroom = float(headroom)
+        # Token throughput of each subnet at the sustainable batch, fastest first: the subnets that keep up with a
+        # demand are a prefix of this order (SlackFit's sustainable choices, one table per prefix).
+        ids = self.decode_policy.subnet_ids or decode_profile.ids
+        batch = self.sustainable_batch
+        cap = {i: batch / IterationFit(decode_profile, subnet_ids=[i], latency_stat=latency_stat).min_latency(batch)
+               for i in ids}  # fmt: skip
+        self._by_capacity = sorted(ids, key=lambda i: -cap[i])
+        self._capacity = [cap[i] for i in self._by_capacity]
+        self._levels: dict[int, tuple[IterationFit, IterationFit]] = {}
+        self._profiles = (decode_profile, prefill_profile, latency_stat)
+        self._rate = self._rate_t = 0.0  # output tokens asked per second (decayed count), as of _rate_t
+        self._counted = 0  # sequences whose arrival the rate has seen
         self._accuracy = {s.id: s.accuracy for s in decode_profile.subnets}
         self.records: list[SequenceRecord] = []
         self._waiting: deque[int] = deque()  # submitted, not admitted, in arrival order
@@ -278,6 +305,40 @@ class DecodeScheduler:
             return math.inf
         return min(self._deadline(self.records[i], len(self.records[i].token_times_s)) for i in self._running) - now
 
+    # --------------------------------------------------------------- load
+    def _observe(self, now: float) -> None:
+        """Count the arrivals up to ``now`` into the demand (output tokens per second, decaying count)."""
+        recs = self.records
+        while self._counted < len(recs) and recs[self._counted].arrival_s <= now:
+            rec = recs[self._counted]
+            dt = rec.arrival_s - self._rate_t
+            if dt > 0:
+                self._rate *= math.exp(-dt / self.rate_window_s)
+                self._rate_t = rec.arrival_s
+            self._rate += rec.max_new_tokens / self.rate_window_s
+            self._counted += 1
+
+    def demand(self, now: float) -> float:
+        """The measured demand, in output tokens per second, decayed to ``now``."""
+        self._observe(now)
+        dt = now - self._rate_t
+        return self._rate * math.exp(-dt / self.rate_window_s) if dt > 0 else self._rate
+
+    def _policies(self, now: float) -> tuple[IterationFit, IterationFit]:
+        """The decode and prefill policies over the subnets that sustain the demand (at least the fastest)."""
+        need = self.headroom * self.demand(now)
+        k = max(1, sum(c >= need for c in self._capacity))
+        if k == len(self._capacity):
+            return self.decode_policy, self.prefill_policy
+        if k not in self._levels:
+            decode, prefill, stat = self._profiles
+            ids = self._by_capacity[:k]
+            self._levels[k] = (
+                IterationFit(decode, subnet_ids=ids, latency_stat=stat),
+                IterationFit(prefill, subnet_ids=ids, latency_stat=stat),
+            )
+        return self._levels[k]
+
     # --------------------------------------------------------------- prefill
     def _prompt_batch(self, n: int) -> int:
         return n * max(self.records[self._waiting[j]].prompt_tokens for j in range(n))
@@ -316,7 +377,7 @@ class DecodeScheduler:
         if running:
             budget = min(budget, slack - decode.min_latency(running + n))
         budget = min(budget, self._step_budget(now, ids))  # the rest of the queue waits for this prefill too
-        d = prefill.decide(budget, tokens, now)
+        d = self._policies(now)[1].decide(budget, tokens, now)
         return Prefill(ids, d.subnet_id, tokens, d)
 
     def finish_prefill(self, now: float, plan: Prefill, ended: Collection[int] = ()) -> None:
@@ -344,7 +405,7 @@ class DecodeScheduler:
         """The subnet for one decode step of every running sequence; ``None`` when none runs."""
         if not self._running:
             return None
-        d = self.decode_policy.decide(self._step_budget(now), len(self._running), now)
+        d = self._policies(now)[0].decide(self._step_budget(now), len(self._running), now)
         return DecodeStep(tuple(self._running), d.subnet_id, d)
 
     def _step_budget(self, now: float, admitting: Sequence[int] = ()) -> float:

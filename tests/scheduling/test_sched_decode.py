@@ -180,3 +180,22 @@ def test_elastic_keeps_tokens_on_time_with_a_wider_mean_than_any_fixed_width_tha
     assert elastic.on_time_fraction >= 0.99
     assert elastic.mean_accuracy > best_fixed
     assert elastic.tokens == fixed[1.0].tokens == 32 * n
+
+
+def test_measured_demand_restricts_the_choice_to_sustainable_widths():
+    # Tokens per second at the sustainable batch (16): 1.0 -> 16 / 20 ms = 800, 0.75 -> 1067, 0.5 -> 1600.
+    steps, fill = width_profiles()
+    for headroom, want in ((1.0, "ffn0.75"), (2.0, "ffn0.25"), (0.5, "ffn1.0")):
+        sched = DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=0.1, headroom=headroom)
+        assert sched.sustainable_batch == 16
+        sched.submit(16, 90, arrival_s=0.0)  # one arrival asking 90 tokens: 900 tokens/s over a 0.1 s window
+        p = sched.plan_prefill(0.0)
+        assert sched.demand(0.0) == pytest.approx(900.0) and p.subnet_id == want, headroom
+        sched.finish_prefill(0.004, p)
+        assert sched.plan_decode(0.004).subnet_id == want
+        assert sched.demand(0.14) == pytest.approx(900.0 / math.exp(1.4))
+        assert sched.plan_decode(1.0).subnet_id == "ffn1.0"  # the demand has decayed: the full width again
+    with pytest.raises(InvalidRequestError, match=r"headroom must be a finite number > 0, got 0"):
+        DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, headroom=0)
+    with pytest.raises(InvalidRequestError, match=r"rate_window_s must be a finite number of seconds > 0, got -1"):
+        DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=-1)
