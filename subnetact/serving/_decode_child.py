@@ -1,9 +1,9 @@
 """The child process of :class:`subnetact.serving.decode_pool.DecodePool`: parses JSON bodies with
 :func:`subnetact.serving.codec.decode_json`, one at a time, outside the server's process (and its GIL).
 
-Run as a script (``python _decode_child.py D0,D1,...``), not as a module of the package: importing ``subnetact``
-would import torch (seconds and hundreds of MB per child) for a job that needs only json and numpy. ``codec.py`` has
-no package imports, so it is loaded from its file.
+Run as a script (``python _decode_child.py D0,D1,... NICENESS``), not as a module of the package: importing
+``subnetact`` would import torch (seconds and hundreds of MB per child) for a job that needs only json and numpy.
+``codec.py`` has no package imports, so it is loaded from its file.
 
 Protocol on stdin/stdout, little-endian:
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import struct
 import sys
 from pathlib import Path
@@ -40,6 +41,7 @@ def _error(out, status: int, text: str) -> None:
 
 def main() -> None:
     shape = tuple(int(d) for d in sys.argv[1].split(","))
+    os.nice(int(sys.argv[2]))  # below the server: on a busy CPU its event loop and model threads go first
     codec = _load_codec()
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     while (head := _read_exact(inp, 8)) is not None:

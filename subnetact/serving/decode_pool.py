@@ -29,6 +29,9 @@ __all__ = ["DecodePool", "DecodePoolError"]
 
 _log = logging.getLogger("subnetact.serving")
 _CHILD = Path(__file__).with_name("_decode_child.py")
+CHILD_NICENESS = 10
+"""Children run at this ``nice`` increment: when the CPU is short, parsing a large body waits, not the event loop or
+the model."""
 
 
 class DecodePoolError(RuntimeError):
@@ -102,6 +105,7 @@ class DecodePool:
             sys.executable,
             str(_CHILD),
             ",".join(map(str, self.input_shape)),
+            str(CHILD_NICENESS),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
         )
