@@ -35,7 +35,7 @@ from ..layer_select import EVERY_OTHER
 from ..plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..space import Entry
 from ..state import ChannelGroup, Plan, active_size, state_of
-from .families import TransformerFamily, all_layer_parts, find_layers, record_family
+from .families import TransformerFamily, all_layer_parts, find_layers, record_family, variant_for
 from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
@@ -125,6 +125,8 @@ def analyse(
         groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
         ffn_entries.append(Entry(f"{p.path}.{family.fc1}", config.width_choices))
         slices[f"{p.path}.{family.fc1}"] = (fg, None)
+        if family.gate is not None:
+            slices[f"{p.path}.{family.gate}"] = (fg, None)
         slices[f"{p.path}.{family.fc2}"] = (None, fg)
     dims = {"depth": [Entry(path, tuple(range(min(config.min_depth, n), n + 1)))]}
     if elastic_heads:
@@ -212,10 +214,13 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
 
 def install(qualname: str, family: TransformerFamily, example_inputs: ExampleInputs | None = None) -> None:
     """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
+    # variant_for: one class may have two layouts (T5's plain and gated FFN); each model gets the one it has.
     register_model_adapter(qualname)(
-        lambda model, config, filter_fn: analyse(model, config, filter_fn, family, example_inputs)
+        lambda model, config, filter_fn: analyse(model, config, filter_fn, variant_for(model, family), example_inputs)
     )
-    register_export_hook(qualname)(lambda model, plan, dense: export_hook(model, plan, dense, family))
+    register_export_hook(qualname)(
+        lambda model, plan, dense: export_hook(model, plan, dense, variant_for(model, family))
+    )
 
 
 def register_family(
