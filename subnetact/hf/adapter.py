@@ -21,6 +21,7 @@ changes (:mod:`subnetact.hf.verify`).
 from __future__ import annotations
 
 import copy
+import os
 import re
 import sys
 import warnings
@@ -156,8 +157,18 @@ def _warn_fixed_heads(model: nn.Module, family: TransformerFamily, parts: list) 
         f"computed once for all {parts[0].heads} heads and added to the attention scores of every layer, so a layer "
         "with fewer heads cannot add it. Converted with depth and FFN width only (width= sets ffn)",
         UserWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside subnetact (the user's ``convert`` call), whichever
+    adapter path led here."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: TransformerFamily) -> nn.Module:
