@@ -73,13 +73,20 @@ of intermittent interference)."""
 class _WorkerState:
     """One worker's estimates, all in log space."""
 
-    __slots__ = ("factor", "last_t", "tail", "warmup")
+    __slots__ = ("factor", "last_t", "shock", "tail", "warmup")
 
     def __init__(self, factor: float, now: float) -> None:
         self.factor = factor  # log slowdown vs the prior
         self.last_t = now  # time of its last sample
         self.tail = 0.0  # log of the tail_quantile of measured / estimated (>= 0)
+        self.shock = 0.0  # log of the largest recent surprise, decayed to last_t (>= 0)
         self.warmup: list[float] | None = []  # the first _TAIL_WARMUP surprises, then None
+
+    def margin(self, now: float, tau: float) -> float:
+        """The log planning margin at ``now``: the tail, or the recent shock if larger."""
+        dt = now - self.last_t
+        shock = self.shock * math.exp(-dt / tau) if dt > 0.0 else self.shock
+        return shock if shock > self.tail else self.tail
 
 
 def _positive(name: str, value: object, *, upper: float = math.inf) -> float:
@@ -139,6 +146,7 @@ class LatencyModel:
         clip: float = math.log(2.0),
         tail_quantile: float = 0.98,
         tail_step: float = 0.05,
+        shock_halflife_s: float = 0.5,
     ) -> None:
         if not isinstance(profile, Profile):
             raise InvalidProfileError(f"profile must be a scheduling.Profile, got {type(profile).__name__}")
@@ -157,6 +165,8 @@ class LatencyModel:
         self.tail_quantile = _positive("tail_quantile", tail_quantile, upper=1.0)
         self.tail_step = _positive("tail_step", tail_step)
         self._tau = self.halflife_s / math.log(2.0)
+        self.shock_halflife_s = _positive("shock_halflife_s", shock_halflife_s)
+        self._shock_tau = self.shock_halflife_s / math.log(2.0)
         self._entry_rate = self.halflife_s / self.entry_halflife_s  # entry step = worker step * this
         # Per subnet: sorted profiled batch sizes and their mean latencies, for interpolating partial batches.
         self._sizes = {s.id: list(s.latency) for s in profile.subnets}
@@ -248,6 +258,8 @@ class LatencyModel:
         else:
             dt = now - state.last_t
             alpha = min(0.5, -math.expm1(-max(dt, 0.0) / self._tau))
+            if dt > 0.0:
+                state.shock *= math.exp(-dt / self._shock_tau)
             state.last_t = max(state.last_t, now)
         # Tail: stochastic quantile of this sample's surprise (log measured / estimated, before the update), >= 0 (the
         # prior's own spread is kept anyway); it moves by a fixed step, so one outlier shifts it by tail_step at most.
@@ -266,6 +278,8 @@ class LatencyModel:
             state.tail += self.tail_step * self.tail_quantile
         elif state.tail > 0.0:
             state.tail = max(0.0, state.tail - self.tail_step * (1.0 - self.tail_quantile))
+        if surprise > state.shock:
+            state.shock = surprise
         step = alpha * (r - d - state.factor)
         state.factor += clip if step > clip else -clip if step < -clip else step
         self._scale.pop(worker, None)
@@ -281,12 +295,12 @@ class LatencyModel:
                 self._dirty = True
 
         base = min(s.factor for s in self._worker.values())
-        if (
-            abs(base - self._published_base) > self.tolerance
-            or abs(state.tail - self._published_tail) > self.tolerance
-        ):
+        margin = max(s.margin(now, self._shock_tau) for s in self._worker.values())
+        if abs(base - self._published_base) > self.tolerance or abs(margin - self._published_tail) > self.tolerance:
             self._dirty = True
-        return self._dirty and now >= self._next_refresh
+        # A margin that grew is urgent: every batch planned before the re-plan is planned too tight and may miss, so
+        # the rate limit (which bounds the cost of re-planning for small moves) does not hold it back.
+        return self._dirty and (now >= self._next_refresh or margin > self._published_tail + self.tolerance)
 
     def _is_profiled(self, key: tuple[SubnetId, int]) -> bool:
         sizes = self._sizes[key[0]]
@@ -355,7 +369,7 @@ class LatencyModel:
         is then at least the mean times the live spread of the most spread-out worker (:meth:`tail`).
         """
         base = min((s.factor for s in self._worker.values()), default=0.0)
-        log_tail = max((s.tail for s in self._worker.values()), default=0.0)
+        log_tail = max((s.margin(now, self._shock_tau) for s in self._worker.values()), default=0.0)
         spread = math.exp(log_tail)
         est: dict[SubnetId, dict[int, float]] = {}
         for s in self.prior.subnets:
