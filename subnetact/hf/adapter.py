@@ -21,6 +21,7 @@ changes (:mod:`subnetact.hf.verify`).
 from __future__ import annotations
 
 import copy
+import os
 import re
 import sys
 import warnings
@@ -35,7 +36,7 @@ from ..layer_select import EVERY_OTHER
 from ..plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..space import Entry
 from ..state import ChannelGroup, Plan, active_size, state_of
-from .families import TransformerFamily, all_layer_parts, find_layers, record_family
+from .families import TransformerFamily, all_layer_parts, find_layers, record_family, variant_for
 from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
@@ -125,6 +126,8 @@ def analyse(
         groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
         ffn_entries.append(Entry(f"{p.path}.{family.fc1}", config.width_choices))
         slices[f"{p.path}.{family.fc1}"] = (fg, None)
+        if family.gate is not None:
+            slices[f"{p.path}.{family.gate}"] = (fg, None)
         slices[f"{p.path}.{family.fc2}"] = (None, fg)
     dims = {"depth": [Entry(path, tuple(range(min(config.min_depth, n), n + 1)))]}
     if elastic_heads:
@@ -154,8 +157,18 @@ def _warn_fixed_heads(model: nn.Module, family: TransformerFamily, parts: list) 
         f"computed once for all {parts[0].heads} heads and added to the attention scores of every layer, so a layer "
         "with fewer heads cannot add it. Converted with depth and FFN width only (width= sets ffn)",
         UserWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside subnetact (the user's ``convert`` call), whichever
+    adapter path led here."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: TransformerFamily) -> nn.Module:
@@ -212,10 +225,13 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
 
 def install(qualname: str, family: TransformerFamily, example_inputs: ExampleInputs | None = None) -> None:
     """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
+    # variant_for: one class may have two layouts (T5's plain and gated FFN); each model gets the one it has.
     register_model_adapter(qualname)(
-        lambda model, config, filter_fn: analyse(model, config, filter_fn, family, example_inputs)
+        lambda model, config, filter_fn: analyse(model, config, filter_fn, variant_for(model, family), example_inputs)
     )
-    register_export_hook(qualname)(lambda model, plan, dense: export_hook(model, plan, dense, family))
+    register_export_hook(qualname)(
+        lambda model, plan, dense: export_hook(model, plan, dense, variant_for(model, family))
+    )
 
 
 def register_family(

@@ -11,7 +11,7 @@ attribute set for the emulated run); the model is left exactly as it was:
 
 1. a traced run counts the calls of every layer and projection and checks the chaining of the layers (it is also
    run 3 below);
-2. an emulated run of the narrowest subnet: q/k/v and ``fc1`` outputs cut to their first ``h * head_size`` /
+2. an emulated run of the narrowest subnet: q/k/v and ``fc1`` (and gate) outputs cut to their first ``h * head_size`` /
    ``f`` features, the zero-padded inputs of the output projection and ``fc2`` -- exactly what the sliced operators
    compute, in the model's own forward;
 3. a masked run of the full model with the output projection's input columns of heads ``>= h`` and ``fc2``'s
@@ -221,6 +221,7 @@ def _trace(
         return hook
 
     names = (family.query, family.key, family.value, family.out, family.fc1, family.fc2)
+    names += () if family.gate is None else (family.gate,)
 
     def trace_hooks(hooks: _Hooks) -> None:
         for i, p in enumerate(parts):
@@ -310,6 +311,8 @@ def _narrow_run(
             if ffn is not None:
                 if emulate:
                     hooks.post(p.fc1, _cut(ffn[i]))
+                    if p.gate is not None:
+                        hooks.post(p.gate, _cut(ffn[i]))
                 hooks.pre(p.fc2, _pad(ffn[i], p.ffn) if emulate else _mask(ffn[i]))
             hooks.post(p.out, capture(seen))
             hooks.post(p.fc2, capture(seen))

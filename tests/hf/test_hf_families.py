@@ -377,6 +377,17 @@ FIXED_HEADS = {
         "encoder.block",
         "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
     ),
+    # T5 v1.1 / Flan-T5's gated FFN (wi_0, wi_1 -> wo): the same class as above, the T5_GATED variant's layout.
+    "T5EncoderModel-gated": (
+        lambda: transformers.T5EncoderModel(
+            transformers.T5Config(
+                vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=3, num_heads=4, feed_forward_proj="gated-gelu"
+            )
+        ),
+        "layer.1.DenseReluDense.wo",
+        "encoder.block",
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+    ),
 }
 
 
@@ -424,21 +435,23 @@ def test_per_head_relative_bias_gives_depth_and_ffn_only_with_exact_parity(name)
         model.actuate(heads=0.5)
 
 
-def test_reorder_leaves_heads_with_a_per_head_bias_in_place():
+@pytest.mark.parametrize("name", ["MPNetModel", "T5EncoderModel-gated"])
+def test_reorder_leaves_heads_with_a_per_head_bias_in_place(name):
     torch.manual_seed(0)
-    original = transformers.MPNetModel(_tiny_config(transformers.MPNetConfig, vocab_size=99)).eval()
+    original = FIXED_HEADS[name][0]().eval()
     with pytest.warns(UserWarning, match="heads are not elastic"):
         model = subnetact.convert(copy.deepcopy(original))
     result = subnetact.reorder(model, None, score="l1")
     assert all(torch.equal(order, torch.arange(4)) for order in result.head_order)
     assert any(not torch.equal(order, torch.arange(37)) for order in result.ffn_order)  # neurons did move
     x = {"input_ids": torch.randint(2, 99, (2, 8))}
-    with torch.no_grad():  # the same function: heads (and their bias columns) untouched, neurons moved whole
+    # The same function: heads (and their bias columns) untouched, neurons moved whole (with the gate's rows).
+    with torch.no_grad():
         torch.testing.assert_close(model(**x)[0], original(**x)[0], rtol=1e-5, atol=1e-5)
 
 
-#: Encoders refused naming what blocks them: shared layers, hierarchical stages, a gated FFN, several towers, or a
-#: family check that fails.
+#: Encoders refused naming what blocks them: shared layers, hierarchical stages, several towers, or a family check
+#: that fails.
 REFUSED_ENCODERS = {
     "AlbertModel": (
         lambda: transformers.AlbertModel(_tiny_config(transformers.AlbertConfig, vocab_size=99, embedding_size=16)),
@@ -454,14 +467,6 @@ REFUSED_ENCODERS = {
         r"SwinModel is hierarchical: 'encoder\.layers' holds 2 stages, .*\(16 -> 32: patch merging\).* relative "
         r"position bias table \(attention\.relative_position_bias\.relative_position_bias_table \(49, 2\); one "
         r"column per head\)",
-    ),
-    "T5EncoderModel-gated": (
-        lambda: transformers.T5EncoderModel(
-            transformers.T5Config(
-                vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, feed_forward_proj="gated-gelu"
-            )
-        ),
-        r"has a gated FFN \(layer\.1\.DenseReluDense\.wi_0 and layer\.1\.DenseReluDense\.wi_1",
     ),
     "WhisperModel": (
         lambda: _whisper(transformers.WhisperModel),
