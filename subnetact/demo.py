@@ -285,6 +285,7 @@ def run_demo(
 
     # -- report ----------------------------------------------------------------------------------------------------
     print("\n" + format_table(rows), file=out)
+    print(format_dominance(rows), file=out)
     settings = {
         "duration_s": duration_s,
         "rate": rate,
@@ -302,7 +303,11 @@ def run_demo(
         "device": prof.metadata.get("device"),
     }
     results_path = out_dir / "results.json"
-    results_path.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    dominated = {r.policy: by for r, by in zip(rows, dominated_beyond_noise(rows), strict=True)}
+    results_path.write_text(
+        json.dumps({"settings": settings, "rows": [asdict(r) for r in rows], "dominated_by": dominated}, indent=1)
+        + "\n"
+    )
     plot_path = frontier_path = None
     if plot:
         shown = [n for n in ("slackfit", "mincost", f"fixed:{largest}") if n in timelines] or list(timelines)[:1]
@@ -377,6 +382,62 @@ def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
         )
 
     return [not any(dominates(o, r) for o in rows if o is not r) for r in rows]
+
+
+ATTAINMENT_FLOOR = 0.0005
+"""A difference in SLO attainment counts as beyond noise only if it also exceeds this (as in the simulator's
+dominance grid, ``benchmarks/scheduling/dominance_grid.py``)."""
+ACCURACY_FLOOR = 0.05
+"""The same floor for label accuracy, in percentage points."""
+
+
+def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the per-trial differences ``a - b`` (trials where either is nan are left out)."""
+    d = [x - y for x, y in zip(a, b) if not (math.isnan(x) or math.isnan(y))]
+    if not d:
+        return math.nan, math.nan
+    return sum(d) / len(d), _std(d) / math.sqrt(len(d))
+
+
+def dominated_beyond_noise(rows: Sequence[PolicyResult]) -> list[list[str]]:
+    """Per row, the policies that dominate it beyond trial-to-trial noise: at least as good on both mean attainment
+    and mean label accuracy, and better on one by more than twice the standard error of the per-trial differences
+    plus a floor (:data:`ATTAINMENT_FLOOR`, :data:`ACCURACY_FLOOR`). The differences are paired: every policy replays
+    the same trace in a trial. The rule is the simulator grid's (its seeds are the demo's trials)."""
+    out = []
+    for r in rows:
+        by = []
+        for o in rows:
+            if o is r or len(o.attainment_trials) != len(r.attainment_trials):
+                continue
+            att, att_se = _paired(o.attainment_trials, r.attainment_trials)
+            acc, acc_se = _paired(o.accuracy_trials, r.accuracy_trials)
+            if math.isnan(att) or math.isnan(acc) or att < 0 or acc < 0:
+                continue
+            if att > 2 * att_se + ATTAINMENT_FLOOR or acc > 2 * acc_se + ACCURACY_FLOOR:
+                by.append(o.policy)
+        out.append(by)
+    return out
+
+
+def format_dominance(rows: Sequence[PolicyResult]) -> str:
+    """One line per row dominated beyond noise (:func:`dominated_beyond_noise`), or one line saying none is."""
+    lines = []
+    for r, by in zip(rows, dominated_beyond_noise(rows), strict=True):
+        if by:
+            parts = []
+            for name in by:
+                o = next(x for x in rows if x.policy == name)
+                att, att_se = _paired(o.attainment_trials, r.attainment_trials)
+                acc, acc_se = _paired(o.accuracy_trials, r.accuracy_trials)
+                parts.append(f"{name} (attainment {att:+.4f} ± {att_se:.4f}, accuracy {acc:+.2f} ± {acc_se:.2f})")
+            lines.append(f"  {r.policy} by {', '.join(parts)}")
+    trials = max((len(r.attainment_trials) for r in rows), default=1)
+    head = (
+        f"dominated beyond trial-to-trial noise (paired over {trials} trial(s): better by > 2 standard errors + "
+        f"{ATTAINMENT_FLOOR:g} attainment or {ACCURACY_FLOOR:g} points, no worse on the other):"
+    )
+    return head + ("\n" + "\n".join(lines) if lines else " none")
 
 
 def format_table(rows: Sequence[PolicyResult]) -> str:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import http.client
 import json
 import os
 import shlex
@@ -99,6 +100,30 @@ def _post(url: str, body: bytes, timeout: float) -> tuple[str, dict]:
         return str(exc.code), answer
     except OSError:
         return "no answer", {}
+
+
+_local = threading.local()
+
+
+def _post_keep_alive(port: int, body: bytes, timeout: float) -> tuple[str, dict]:
+    """:func:`_post` on this thread's own keep-alive connection (opened on first use, reopened after an error)."""
+    conn = getattr(_local, "conn", None)
+    if conn is None:
+        conn = _local.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("POST", "/predict", body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        answer = json.loads(resp.read() or b"{}")
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        _local.conn = None
+        return "no answer", {}
+    if resp.will_close:
+        conn.close()
+        _local.conn = None
+    if resp.status == 504:
+        return ("504 late" if answer.get("on_time") is False else "504 dropped"), answer
+    return str(resp.status), answer
 
 
 def _cpu_s(pid: int) -> float:
@@ -192,7 +217,10 @@ def run(args: argparse.Namespace) -> dict:
 
         def one(i: int, due: float) -> None:
             sent = time.monotonic()
-            status, answer = _post(base + "/predict", body, timeout=5.0)
+            if args.new_connections:
+                status, answer = _post(base + "/predict", body, timeout=5.0)
+            else:
+                status, answer = _post_keep_alive(port, body, timeout=5.0)
             outcomes[i] = (due - t_end, status, time.monotonic() - sent, answer)
 
         with ThreadPoolExecutor(args.threads) as pool:
@@ -239,6 +267,7 @@ def run(args: argparse.Namespace) -> dict:
         "plan_log": plan_lines,
         "loadavg_at_end": os.getloadavg(),
         "background_processes": args.background,
+        "client": "a new connection per request" if args.new_connections else "keep-alive connections",
         "timeline": timeline,
         # Every request: [when it was due (s after the load ended), outcome, client ms, server ms, batch, subnet].
         "request_log": [
@@ -297,6 +326,11 @@ def main() -> None:
         type=int,
         default=0,
         help="busy processes running through the traffic window (other jobs on the machine; the target has none)",
+    )
+    p.add_argument(
+        "--new-connections",
+        action="store_true",
+        help="open a new connection per request (the default keeps one per client thread, as a load balancer does)",
     )
     p.add_argument("--json", default=None, help="also write the result, with the per-second timeline, here")
     p.add_argument("--log", default="/tmp/bench_fail_closed_server.log", help="the server's output")
