@@ -166,9 +166,11 @@ class Space:
                 choice = entry.match(value)
                 if choice is None:
                     kind = "ints, " if _non_integer(value) and all(isinstance(c, int) for c in entry.choices) else ""
+                    # "module" because entries are named by module path, and a path such as '1.0' (a block of an
+                    # nn.Sequential) alone reads like a value.
                     raise InvalidSubnetError(
-                        f"{dim}[{i}]={value!r} is not allowed for {entry.name!r}: allowed values are {kind}"
-                        f"{entry.choices}"
+                        f"{dim}[{i}]={value!r} is not allowed for module {entry.name or '<root>'!r}: allowed values "
+                        f"are {kind}{entry.choices}"
                     )
                 out.append(choice)
             snapped[dim] = tuple(out)

@@ -43,8 +43,12 @@ def test_actuate_returns_and_exposes_the_active_config(model):
     "kwargs, match",
     [
         ({"depth": [1, 1, 2]}, r"depth has 3 values but the space has 4 depth entries \(layer1, layer2, layer3, "),
-        ({"depth": [1, 1, 4, 1]}, r"depth\[2\]=4 is not allowed for 'layer3': allowed values are \(1, 2, 3\)"),
-        ({"width": 0.6}, r"width\[0\]=0.6 is not allowed for 'layer1.0': allowed values are \(0.25, 0.5, 0.75, 1.0\)"),
+        ({"depth": [1, 1, 4, 1]}, r"depth\[2\]=4 is not allowed for module 'layer3': allowed values are \(1, 2, 3\)"),
+        (
+            {"width": 0.6},
+            r"width\[0\]=0.6 is not allowed for module 'layer1.0': "
+            r"allowed values are \(0.25, 0.5, 0.75, 1.0\)",
+        ),
         ({"width": float("nan")}, r"width\[0\]=nan is not a finite number"),
         ({"width": "wide"}, r"width='wide' must be a number or a list of 7 numbers"),
         ({"depth": [1, 1, 2.5, 1]}, r"depth\[2\]=2.5 is not allowed"),

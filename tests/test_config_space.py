@@ -84,8 +84,16 @@ def test_make_broadcasts_scalars_and_snaps_values():
     "kwargs, match",
     [
         ({"depth": [1, 2, 3], "width": 0.5}, r"depth has 3 values but the space has 2 depth entries \(s0, s1\)"),
-        ({"depth": [1, 4], "width": 0.5}, r"depth\[1\]=4 is not allowed for 's1': allowed values are \(1, 2, 3\)"),
-        ({"depth": 1, "width": 0.3}, r"width\[0\]=0.3 is not allowed for 'b0': allowed values are \(0.25, 0.5, 1.0\)"),
+        (
+            {"depth": [1, 4], "width": 0.5},
+            r"depth\[1\]=4 is not allowed for module 's1': "
+            r"allowed values are \(1, 2, 3\)",
+        ),
+        (
+            {"depth": 1, "width": 0.3},
+            r"width\[0\]=0.3 is not allowed for module 'b0': "
+            r"allowed values are \(0.25, 0.5, 1.0\)",
+        ),
         ({"depth": 1, "width": math.nan}, r"width\[0\]=nan is not a finite number"),
         ({"depth": 1, "width": None}, r"width=None must be a number or a list"),
         ({"depth": 1}, r"config has dimensions \['depth'\] but the space has \['depth', 'width'\]"),
@@ -121,7 +129,7 @@ def test_float_depth_is_refused_not_rounded():
 
     space = Space({"depth": [Entry("layer1", (1, 2, 3))], "width": [Entry("b", (0.5, 1.0))]})
     with pytest.raises(
-        InvalidSubnetError, match=r"depth\[0\]=2.0 is not allowed for 'layer1': allowed values are ints"
+        InvalidSubnetError, match=r"depth\[0\]=2.0 is not allowed for module 'layer1': allowed values are ints"
     ):
         space.make(depth=2.0, width=1.0)
     assert space.make(depth=np.int64(2), width=1.0)["depth"] == (2,)

@@ -13,7 +13,8 @@ supernet through Ray's HTTP proxy and measures:
 3. **Bursty load**: ``examples/load_generator.py``'s open-loop bursty trace (cv² = 4) at ``--rate``: SLO attainment
    and the mean profiled accuracy of the subnets that answered on time.
 
-Configurations: ``router-1`` / ``router-2`` (SlackFit in our router, 1 or 2 workers) and ``serve.batch`` (Ray's own
+Configurations: ``router-1`` / ``router-2`` (SlackFit in one router replica, 1 or 2 workers), ``routers2-2`` (two
+router replicas with one worker each, ``build_app``'s default since issue 22) and ``serve.batch`` (Ray's own
 ``@serve.batch`` on one replica running the smallest subnet: the Clipper+ baseline on the same engine).
 """
 
@@ -154,9 +155,12 @@ def main() -> None:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
         for name in [c for c in args.configs if c != "local"]:
-            if name.startswith("router-"):
+            if name.startswith(("router-", "routers2-")):  # one router replica (as measured before) or two
                 n = int(name.split("-")[1])
-                app = build_app(spec, num_workers=n, worker_options={"num_cpus": 0.5}, app_options=app_options)
+                routers = 2 if name.startswith("routers2-") else 1
+                app = build_app(
+                    spec, num_workers=n, num_routers=routers, worker_options={"num_cpus": 0.5}, app_options=app_options
+                )
             elif name == "serve.batch":
                 app = serve_batch_app(spec, policy="fixed:0", default_deadline_ms=args.deadline_ms)
             else:

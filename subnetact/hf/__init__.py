@@ -1,5 +1,6 @@
 """Hugging Face ``transformers`` encoders as DynaBERT-style supernets: BERT, RoBERTa, ELECTRA, XLM-RoBERTa,
-DistilBERT, DeBERTa-v2, ViT, DeiT, CLIP (text and vision) and Wav2Vec2 built in (issues 5, 11 and 21), and any model
+DistilBERT, DeBERTa-v2, ViT, DeiT, CLIP (text and vision), Wav2Vec2, Whisper's encoder, and MPNet and T5's encoder
+(depth and FFN only: a per-head relative position bias fixes their heads) built in (issues 5, 11 and 21), and any model
 class whose encoder layers have one of their layouts (CamemBERT, ``BertForMaskedLM``, HuBERT, ...: found by layout,
 verified, then registered); other encoders through :func:`register_family`.
 
@@ -27,9 +28,13 @@ from .families import (
     DEIT,
     DISTILBERT,
     ELECTRA,
+    MPNET,
     ROBERTA,
+    T5,
+    T5_GATED,
     VIT,
     WAV2VEC2,
+    WHISPER,
     XLM_ROBERTA,
     TransformerFamily,
 )
@@ -47,9 +52,14 @@ _BUILTIN = (
     (VIT, "vit.modeling_vit", "ViT", ("ForImageClassification",)),
     (DEIT, "deit.modeling_deit", "DeiT", ("ForImageClassification", "ForImageClassificationWithTeacher")),
     (WAV2VEC2, "wav2vec2.modeling_wav2vec2", "Wav2Vec2", ("ForSequenceClassification", "ForCTC")),
+    (MPNET, "mpnet.modeling_mpnet", "MPNet", ("ForSequenceClassification",)),
+    # Encoder-only classes (T5Model and WhisperModel hold a decoder too: two layer lists, refused).
+    (T5, "t5.modeling_t5", "T5", ("EncoderModel",)),
+    (WHISPER, "whisper.modeling_whisper", "Whisper", ("Encoder", "ForAudioClassification")),
 )
 for _family, _module, _prefix, _heads in _BUILTIN:
-    register_family(_family, [f"{_MODELS}{_module}.{_prefix}{suffix}" for suffix in ("Model", *_heads)])
+    _suffixes = _heads if _family in (T5, WHISPER) else ("Model", *_heads)
+    register_family(_family, [f"{_MODELS}{_module}.{_prefix}{suffix}" for suffix in _suffixes])
 # CLIP's towers one at a time (CLIPModel holds two layer lists, one per tower: refused, naming both).
 register_family(
     CLIP,
@@ -72,13 +82,17 @@ __all__ = [
     "GPT2",
     "LLAMA",
     "MISTRAL",
+    "MPNET",
     "OPT",
     "PHI3",
     "QWEN2",
     "QWEN3",
     "ROBERTA",
+    "T5",
+    "T5_GATED",
     "VIT",
     "WAV2VEC2",
+    "WHISPER",
     "XLM_ROBERTA",
     "DecoderFamily",
     "DecoderReorderResult",

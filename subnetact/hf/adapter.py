@@ -21,8 +21,10 @@ changes (:mod:`subnetact.hf.verify`).
 from __future__ import annotations
 
 import copy
+import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 from torch import nn
@@ -34,7 +36,7 @@ from ..layer_select import EVERY_OTHER
 from ..plan import ConversionPlan, ConvertConfig, StagePlan, register_model_adapter
 from ..space import Entry
 from ..state import ChannelGroup, Plan, active_size, state_of
-from .families import TransformerFamily, all_layer_parts, find_layers, record_family
+from .families import TransformerFamily, all_layer_parts, find_layers, record_family, variant_for
 from .verify import ExampleInputs, verify_family
 
 WIDTH_LINK = {"width": ("heads", "ffn")}
@@ -101,32 +103,72 @@ def analyse(
     _, parts = all_layer_parts(model, family)
     verify_family(model, family, path, parts, config.width_choices, example_inputs)
     n = len(parts)
+    elastic_heads = family.per_head_bias is None
+    if not elastic_heads:
+        _warn_fixed_heads(model, family, parts)
     heads_entries, ffn_entries, groups = [], [], []
     slices: dict[str, tuple[int | None, int | None]] = {}
     custom: dict[str, Callable[[nn.Module], nn.Module]] = {}
     for i, p in enumerate(parts):
-        hg, fg = 2 * i, 2 * i + 1
-        head_sizes = tuple((w, p.head_size * active_heads(w, p.heads)) for w in config.width_choices)
+        hg, fg = group_indices(family, i)
+        if hg is not None:
+            head_sizes = tuple((w, p.head_size * active_heads(w, p.heads)) for w in config.width_choices)
+            groups.append(ChannelGroup("heads", i, p.heads * p.head_size, head_sizes))
+            heads_entries.append(Entry(f"{p.path}.{family.attention}", config.width_choices))
+            for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
+                slices[f"{p.path}.{name}"] = (hg, None)
+            if family.head_count_per_subnet:
+                custom[f"{p.path}.{family.attention}"] = head_count_factory(
+                    hg, p.head_size, family.heads_attr, family.all_head_size_attr
+                )
+            slices[f"{p.path}.{family.out}"] = (None, hg)
         ffn_sizes = tuple((w, active_neurons(w, p.ffn)) for w in config.width_choices)
-        groups.append(ChannelGroup("heads", i, p.heads * p.head_size, head_sizes))
         groups.append(ChannelGroup("ffn", i, p.ffn, ffn_sizes))
-        heads_entries.append(Entry(f"{p.path}.{family.attention}", config.width_choices))
         ffn_entries.append(Entry(f"{p.path}.{family.fc1}", config.width_choices))
-        for name in (family.query, family.key, family.value, *(name for name, _ in p.extras)):
-            slices[f"{p.path}.{name}"] = (hg, None)
-        if family.head_count_per_subnet:
-            custom[f"{p.path}.{family.attention}"] = head_count_factory(
-                hg, p.head_size, family.heads_attr, family.all_head_size_attr
-            )
-        slices[f"{p.path}.{family.out}"] = (None, hg)
         slices[f"{p.path}.{family.fc1}"] = (fg, None)
+        if family.gate is not None:
+            slices[f"{p.path}.{family.gate}"] = (fg, None)
         slices[f"{p.path}.{family.fc2}"] = (None, fg)
-    dims = {
-        "depth": [Entry(path, tuple(range(min(config.min_depth, n), n + 1)))],
-        "heads": heads_entries,
-        "ffn": ffn_entries,
-    }
-    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, custom=custom, links=dict(WIDTH_LINK))
+    dims = {"depth": [Entry(path, tuple(range(min(config.min_depth, n), n + 1)))]}
+    if elastic_heads:
+        dims["heads"] = heads_entries
+    dims["ffn"] = ffn_entries
+    links = dict(WIDTH_LINK) if elastic_heads else {"width": ("ffn",)}
+    return ConversionPlan([StagePlan(path, EVERY_OTHER)], dims, groups, slices, custom=custom, links=links)
+
+
+def group_indices(family: TransformerFamily, layer: int) -> tuple[int | None, int]:
+    """The channel groups of layer ``layer``: (heads group or None where heads are fixed, FFN group)."""
+    if family.per_head_bias is None:
+        return 2 * layer, 2 * layer + 1
+    return None, layer
+
+
+def _warn_fixed_heads(model: nn.Module, family: TransformerFamily, parts: list) -> None:
+    """Say once per convert that heads are not elastic and which module blocks them."""
+    tables = [
+        f"{name} ({module})"
+        for name, module in model.named_modules()
+        if name.rpartition(".")[2] == family.per_head_bias
+    ]
+    warnings.warn(
+        f"{type(model).__qualname__}: attention heads are not elastic: "
+        f"{', '.join(tables) or family.per_head_bias} holds a relative position bias with one column per head, "
+        f"computed once for all {parts[0].heads} heads and added to the attention scores of every layer, so a layer "
+        "with fewer heads cannot add it. Converted with depth and FFN width only (width= sets ffn)",
+        UserWarning,
+        stacklevel=_caller_level(),
+    )
+
+
+def _caller_level() -> int:
+    """``warnings.warn``'s stacklevel of the first frame outside subnetact (the user's ``convert`` call), whichever
+    adapter path led here."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: TransformerFamily) -> nn.Module:
@@ -143,8 +185,9 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
     _, layers = find_layers(model, family)
     _, parts = all_layer_parts(model, family, plain=False)
     kept = layers.kept_positions(cfg)
-    heads = [sizes[2 * i] // parts[i].head_size for i in kept]
-    ffn = [sizes[2 * i + 1] for i in kept]
+    groups = [group_indices(family, i) for i in kept]
+    heads = [parts[i].heads if hg is None else sizes[hg] // parts[i].head_size for i, (hg, _) in zip(kept, groups)]
+    ffn = [sizes[fg] for _, fg in groups]
     head_size = parts[0].head_size
 
     old_config = model.config
@@ -182,10 +225,13 @@ def export_hook(model: nn.Module, plan: Plan, dense: nn.Module, family: Transfor
 
 def install(qualname: str, family: TransformerFamily, example_inputs: ExampleInputs | None = None) -> None:
     """Register the adapter and the export hook of ``family`` for the class named ``qualname``."""
+    # variant_for: one class may have two layouts (T5's plain and gated FFN); each model gets the one it has.
     register_model_adapter(qualname)(
-        lambda model, config, filter_fn: analyse(model, config, filter_fn, family, example_inputs)
+        lambda model, config, filter_fn: analyse(model, config, filter_fn, variant_for(model, family), example_inputs)
     )
-    register_export_hook(qualname)(lambda model, plan, dense: export_hook(model, plan, dense, family))
+    register_export_hook(qualname)(
+        lambda model, plan, dense: export_hook(model, plan, dense, variant_for(model, family))
+    )
 
 
 def register_family(

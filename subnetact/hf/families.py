@@ -38,6 +38,12 @@ class TransformerFamily:
         head_count_per_subnet: the attention reshapes q/k/v by its ``heads_attr`` (DeBERTa-v2) rather than by head
             size; the converted attention then reads that attribute from the active subnet
             (:mod:`subnetact.head_count`).
+        gate: a gated FFN's second input projection, multiplied elementwise with the activated ``fc1`` (T5 v1.1 and
+            Flan-T5: ``fc1`` is ``wi_0``, the gate ``wi_1``); its output rows are the neurons too, sliced with fc1.
+        per_head_bias: name of the module holding a relative position bias with one column per head that is computed
+            once and added to the attention scores of every layer (MPNet's ``relative_attention_bias``, T5's): a
+            layer with fewer heads cannot add it, so heads are not elastic and the space has depth and FFN width
+            only (``convert`` warns, naming the module). None: heads are elastic.
     """
 
     name: str
@@ -56,6 +62,8 @@ class TransformerFamily:
     config_ffn: str = "intermediate_size"
     extra_head_projections: tuple[str, ...] = ()
     head_count_per_subnet: bool = False
+    gate: str | None = None
+    per_head_bias: str | None = None
 
 
 BERT = TransformerFamily(
@@ -156,9 +164,78 @@ WAV2VEC2 = TransformerFamily(
     all_head_size_attr=None,
 )
 
+# MPNet: BERT's layer with its own names; the encoder adds one relative position bias, (B, H, T, T) from an
+# Embedding(buckets, H), to every layer's scores (heads fixed).
+MPNET = TransformerFamily(
+    name="mpnet",
+    layer_class="MPNetLayer",
+    attention="attention.attn",
+    query="attention.attn.q",
+    key="attention.attn.k",
+    value="attention.attn.v",
+    out="attention.attn.o",
+    fc1="intermediate.dense",
+    fc2="output.dense",
+    per_head_bias="relative_attention_bias",
+)
+# T5's encoder (ReLU FFN ``wi``/``wo``; the gated v1.1 FFN ``wi_0``/``wi_1`` has no single fc1): the first block
+# computes the relative position bias of all heads and every block adds it (heads fixed).
+T5 = TransformerFamily(
+    name="t5",
+    layer_class="T5Block",
+    attention="layer.0.SelfAttention",
+    query="layer.0.SelfAttention.q",
+    key="layer.0.SelfAttention.k",
+    value="layer.0.SelfAttention.v",
+    out="layer.0.SelfAttention.o",
+    fc1="layer.1.DenseReluDense.wi",
+    fc2="layer.1.DenseReluDense.wo",
+    heads_attr="n_heads",
+    head_size_attr="key_value_proj_dim",
+    all_head_size_attr="inner_dim",
+    config_ffn="d_ff",
+    per_head_bias="relative_attention_bias",
+)
+# T5 v1.1 / Flan-T5: the gated FFN, act(wi_0(x)) * wi_1(x) -> wo. A variant of T5 (same layer class): a model is
+# converted with whichever of the two its layers have (:func:`variant_for`).
+T5_GATED = replace(T5, name="t5-gated", fc1="layer.1.DenseReluDense.wi_0", gate="layer.1.DenseReluDense.wi_1")
+# Whisper's encoder layers (after its convolutional front end): CLIP's attention names with fc1/fc2 on the layer;
+# its attention reshapes k/v by the fixed ``num_heads``, so that attribute follows the subnet.
+WHISPER = TransformerFamily(
+    name="whisper",
+    layer_class="WhisperEncoderLayer",
+    attention="self_attn",
+    query="self_attn.q_proj",
+    key="self_attn.k_proj",
+    value="self_attn.v_proj",
+    out="self_attn.out_proj",
+    fc1="fc1",
+    fc2="fc2",
+    heads_attr="num_heads",
+    head_size_attr="head_dim",
+    all_head_size_attr=None,
+    config_ffn="encoder_ffn_dim",
+    head_count_per_subnet=True,
+)
+
 #: Every built-in family, in the order a model of no registered class is matched against them by layout (see
 #: :func:`family_by_layout`); families with the same module paths (BERT, RoBERTa, ELECTRA, ...) match alike.
-BUILTIN_FAMILIES = (BERT, ROBERTA, ELECTRA, XLM_ROBERTA, DISTILBERT, DEBERTA_V2, VIT, DEIT, CLIP, WAV2VEC2)
+BUILTIN_FAMILIES = (
+    BERT,
+    ROBERTA,
+    ELECTRA,
+    XLM_ROBERTA,
+    DISTILBERT,
+    DEBERTA_V2,
+    VIT,
+    DEIT,
+    CLIP,
+    WAV2VEC2,
+    MPNET,
+    T5,
+    T5_GATED,
+    WHISPER,
+)
 
 # "module.QualName" of each supported model class -> its family.
 _FAMILIES: ClassRegistry[TransformerFamily] = ClassRegistry()
@@ -180,8 +257,10 @@ def family_of_layer_class(name: str) -> TransformerFamily | None:
 
 
 def family_of(model: nn.Module) -> TransformerFamily | None:
-    """The registered family of ``model``'s class (or of its original class, for a converted model)."""
-    return _FAMILIES.lookup(getattr(type(model), "_subnetact_base", type(model)))
+    """The registered family of ``model``'s class (or of its original class, for a converted model), or its variant
+    that fits the model's layers (:func:`variant_for`)."""
+    family = _FAMILIES.lookup(getattr(type(model), "_subnetact_base", type(model)))
+    return None if family is None else variant_for(model, family)
 
 
 @dataclass(frozen=True)
@@ -200,6 +279,7 @@ class LayerParts:
     heads: int
     head_size: int
     extras: tuple[tuple[str, nn.Module], ...] = ()  # (path in the layer, module) of the extra head projections
+    gate: nn.Module | None = None  # a gated FFN's second input projection (rows: the neurons)
 
     @property
     def ffn(self) -> int:
@@ -284,6 +364,7 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
         heads=heads,
         head_size=head_size,
         extras=tuple(extras),
+        gate=None if family.gate is None else get(family.gate),
     )
     width = heads * head_size
     for name, size in (
@@ -297,6 +378,11 @@ def layer_parts(path: str, layer: nn.Module, family: TransformerFamily, *, plain
             raise UnsupportedModelError(
                 f"{path}.{name} has {size} head features but the layer has {heads} heads of {head_size}"
             )
+    if parts.gate is not None and parts.gate.out_features != parts.fc1.out_features:
+        raise UnsupportedModelError(
+            f"{path}.{family.gate} gives {parts.gate.out_features} features but {family.fc1} gives "
+            f"{parts.fc1.out_features}; a gate must have one row per FFN neuron"
+        )
     if parts.fc2.in_features != parts.fc1.out_features:
         raise UnsupportedModelError(
             f"{path}.{family.fc2} takes {parts.fc2.in_features} features but {family.fc1} gives "
@@ -311,6 +397,27 @@ def all_layer_parts(
     """The layer list's path and every layer's parts, in order."""
     path, layers = find_layers(model, family)
     return path, [layer_parts(f"{path}.{name}", layer, family, plain=plain) for name, layer in layers.named_children()]
+
+
+def variant_for(model: nn.Module, family: TransformerFamily) -> TransformerFamily:
+    """``family``, or the built-in variant with its layer class whose layout ``model``'s layers have (T5's plain or
+    gated FFN: one model class, two layouts). ``family`` itself if it fits, if no variant does (its error then
+    says why), or if it is not built in (a family the user wrote is never swapped for another)."""
+    if family not in BUILTIN_FAMILIES:
+        return family
+    try:
+        all_layer_parts(model, family, plain=False)
+        return family
+    except UnsupportedModelError:
+        pass
+    for variant in BUILTIN_FAMILIES:
+        if variant.layer_class == family.layer_class and variant != family:
+            try:
+                all_layer_parts(model, variant, plain=False)
+            except UnsupportedModelError:
+                continue
+            return variant
+    return family
 
 
 def family_by_layout(model: nn.Module, path: str, layers: nn.ModuleList) -> TransformerFamily | None:

@@ -114,6 +114,8 @@ def reorder(
 
     # Phase 2: permute (everything above only read the model).
     head_order = [torch.argsort(s, descending=True, stable=True) for s in head_scores]
+    if family.per_head_bias is not None:  # the bias columns are the heads too; heads are not elastic, so stay put
+        head_order = [torch.arange(len(s)) for s in head_scores]
     ffn_order = [torch.argsort(s, descending=True, stable=True) for s in ffn_scores]
     with torch.no_grad():
         for p, h_order, f_order in zip(parts, head_order, ffn_order):
@@ -124,9 +126,10 @@ def reorder(
                     _permute(proj.bias, 0, rows)
             _permute(p.out.weight, 1, rows)
             f_rows = f_order.to(p.fc1.weight.device)
-            _permute(p.fc1.weight, 0, f_rows)
-            if p.fc1.bias is not None:
-                _permute(p.fc1.bias, 0, f_rows)
+            for proj in (p.fc1, *(() if p.gate is None else (p.gate,))):
+                _permute(proj.weight, 0, f_rows)
+                if proj.bias is not None:
+                    _permute(proj.bias, 0, f_rows)
             _permute(p.fc2.weight, 1, f_rows)
     state = converted_state(model)
     if state is not None:

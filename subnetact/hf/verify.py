@@ -11,7 +11,7 @@ attribute set for the emulated run); the model is left exactly as it was:
 
 1. a traced run counts the calls of every layer and projection and checks the chaining of the layers (it is also
    run 3 below);
-2. an emulated run of the narrowest subnet: q/k/v and ``fc1`` outputs cut to their first ``h * head_size`` /
+2. an emulated run of the narrowest subnet: q/k/v and ``fc1`` (and gate) outputs cut to their first ``h * head_size`` /
    ``f`` features, the zero-padded inputs of the output projection and ``fc2`` -- exactly what the sliced operators
    compute, in the model's own forward;
 3. a masked run of the full model with the output projection's input columns of heads ``>= h`` and ``fc2``'s
@@ -42,7 +42,8 @@ _RTOL_LOW_PRECISION = 2e-2
 
 
 def default_example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
-    """A batch of 2 tiny inputs for ``model.main_input_name``: 8 random token ids or random images.
+    """A batch of 2 tiny inputs for ``model.main_input_name``: 8 random token ids, random images, a raw waveform of 8
+    feature frames (Wav2Vec2, HuBERT) or random log-mel features (Whisper).
 
     Raises:
         UnsupportedModelError: another input kind (audio, multimodal): pass ``example_inputs`` to
@@ -71,6 +72,12 @@ def default_example_inputs(model: nn.Module) -> dict[str, torch.Tensor]:
             length = (length - 1) * stride + kernel
         dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
         return {"input_values": torch.randn(2, length, generator=gen).to(device, dtype)}
+    bins, frames = getattr(cfg, "num_mel_bins", None), getattr(cfg, "max_source_positions", None)
+    if name == "input_features" and isinstance(bins, int) and isinstance(frames, int):
+        # Log-mel features (Whisper): the encoder takes exactly 2 * max_source_positions frames (its second
+        # convolution has stride 2) and refuses any other length.
+        dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+        return {"input_features": torch.randn(2, bins, 2 * frames, generator=gen).to(device, dtype)}
     raise UnsupportedModelError(
         f"{type(model).__qualname__}: cannot build a tiny example input to verify its transformer family "
         f"(main_input_name={name!r}); pass example_inputs=lambda model: {{...}} to subnetact.hf.register_family"
@@ -157,7 +164,11 @@ def verify_family(
     """
     inputs = (example_inputs or default_example_inputs)(model)
     w = min(widths)
-    heads = [active_size(w, p.heads * p.head_size, p.head_size) for p in parts]
+    # A family with a per-head bias keeps every head (the space has no heads dimension).
+    heads = [
+        p.heads * p.head_size if family.per_head_bias else active_size(w, p.heads * p.head_size, p.head_size)
+        for p in parts
+    ]
     ffn = [active_size(w, p.ffn) for p in parts]
     narrow = any(h != p.heads * p.head_size or f != p.ffn for h, f, p in zip(heads, ffn, parts))
     modes = {m: m.training for m in model.modules()}
@@ -210,6 +221,7 @@ def _trace(
         return hook
 
     names = (family.query, family.key, family.value, family.out, family.fc1, family.fc2)
+    names += () if family.gate is None else (family.gate,)
 
     def trace_hooks(hooks: _Hooks) -> None:
         for i, p in enumerate(parts):
@@ -299,6 +311,8 @@ def _narrow_run(
             if ffn is not None:
                 if emulate:
                     hooks.post(p.fc1, _cut(ffn[i]))
+                    if p.gate is not None:
+                        hooks.post(p.gate, _cut(ffn[i]))
                 hooks.pre(p.fc2, _pad(ffn[i], p.ffn) if emulate else _mask(ffn[i]))
             hooks.post(p.out, capture(seen))
             hooks.post(p.fc2, capture(seen))

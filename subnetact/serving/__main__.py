@@ -79,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     http.add_argument(
         "--max-body-bytes", type=int, default=None, help="default: the largest valid body for the input shape"
     )
+    http.add_argument(
+        "--decode-processes",
+        type=int,
+        default=2,
+        help="child processes parsing JSON bodies over 64 KiB (0: a thread pool, which holds the server's GIL)",
+    )
     http.add_argument("--body-timeout-s", type=float, default=5.0)
     http.add_argument("--header-timeout-s", type=float, default=10.0)
     http.add_argument("--keep-alive-s", type=int, default=5)
@@ -130,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         default_deadline_ms=args.default_deadline_ms,
         max_body_bytes=args.max_body_bytes,
         body_timeout_s=args.body_timeout_s,
+        decode_processes=args.decode_processes,
     )
 
     def ready(host: str, port: int) -> None:

@@ -26,10 +26,12 @@ Endpoints:
 A client that disconnects before its body arrived is logged (one line) and counted as ``client_disconnected``.
 
 **The event loop never parses a large body.** Bodies up to ``inline_decode_bytes`` (16 KiB: a few tens of µs of
-parsing) are decoded on the event loop; larger ones on a small thread pool (``decode_threads``), so a flood of large
-bodies delays other clients by at most the time the pool holds the GIL, not by the whole flood. The CPU a body can
-cost is bounded by ``max_body_bytes``, whose default (:func:`~subnetact.serving.codec.default_max_body_bytes`) is the
-largest valid body for the input shape: anything larger is refused with 413 before parsing.
+parsing) are decoded on the event loop; JSON bodies over ``process_decode_bytes`` (64 KiB) in ``decode_processes``
+child processes (:class:`~subnetact.serving.decode_pool.DecodePool`: parsing holds the GIL, so on a thread it would
+still stop the event loop for the whole body); the rest (mid-sized JSON, safetensors blobs: a copy) on a small thread
+pool (``decode_threads``). The CPU a body can cost is bounded by ``max_body_bytes``, whose default
+(:func:`~subnetact.serving.codec.default_max_body_bytes`) is the largest valid body for the input shape: anything
+larger is refused with 413 before parsing.
 
 - ``GET /healthz``: 200 while the process serves HTTP (liveness).
 - ``GET /readyz``: 200 when a request would be served now; 503 while draining, without a live worker, while every
@@ -73,6 +75,7 @@ from .codec import (
     parse_budget_header,
     parse_budget_ms,
 )
+from .decode_pool import DecodePool, DecodePoolError
 from .metrics import ServingMetrics
 from .plan_guard import PlanGuard
 
@@ -109,6 +112,10 @@ class ServingApp:
         decode_threads: Threads parsing bodies larger than ``inline_decode_bytes`` off the event loop. Default 2.
         inline_decode_bytes: Bodies up to this size are parsed on the event loop (cheaper than a thread hop).
             Default 16 KiB.
+        decode_processes: Child processes parsing JSON bodies larger than ``process_decode_bytes``; 0: such bodies
+            are parsed on the thread pool. Default 2.
+        process_decode_bytes: JSON bodies larger than this go to a child process (about 1 ms of parsing; below it
+            a thread costs less than the pipe). Default 64 KiB.
 
     Attributes:
         metrics: The :class:`~subnetact.serving.metrics.ServingMetrics` behind ``GET /metrics``.
@@ -125,6 +132,8 @@ class ServingApp:
         backstop_s: float = 1.5,
         decode_threads: int = 2,
         inline_decode_bytes: int = 16 << 10,
+        decode_processes: int = 2,
+        process_decode_bytes: int = 64 << 10,
     ) -> None:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -135,6 +144,8 @@ class ServingApp:
             ("max_body_bytes", max_body_bytes, 1),
             ("decode_threads", decode_threads, 1),
             ("inline_decode_bytes", inline_decode_bytes, 0),
+            ("decode_processes", decode_processes, 0),
+            ("process_decode_bytes", process_decode_bytes, 0),
         ):
             if value is None and name == "max_body_bytes":
                 continue
@@ -150,6 +161,8 @@ class ServingApp:
         self.backstop_s = float(backstop_s)
         self.inline_decode_bytes = inline_decode_bytes
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="subnetact-decode")
+        self.process_decode_bytes = process_decode_bytes
+        self._decode_children = DecodePool(self.input_shape, decode_processes) if decode_processes else None
         self.draining = False  # new predictions are refused (503)
         self.unready = False  # /readyz answers 503, predictions are still served
         self.metrics = ServingMetrics(
@@ -240,11 +253,7 @@ class ServingApp:
         try:
             header = request.headers.get(DEADLINE_HEADER)
             header_ms = None if header is None else parse_budget_header(header)
-            if len(body) <= self.inline_decode_bytes:
-                payload, budget_ms = self._decode(media, body)
-            else:  # off the event loop: other clients keep being served while it parses
-                loop = asyncio.get_running_loop()
-                payload, budget_ms = await loop.run_in_executor(self._decode_pool, self._decode, media, body)
+            payload, budget_ms = await self._decode_body(media, body)
             if header_ms is not None:
                 if budget_ms is not None:
                     raise RequestError(400, "give the deadline as the X-Deadline-Ms header or deadline_ms, not both")
@@ -285,6 +294,18 @@ class ServingApp:
         answer["subnet_accuracy"] = self.backend.profile.subnet(answer["subnet"]).accuracy
         answer["_budget_s"] = budget_ms / 1e3
         return answer
+
+    async def _decode_body(self, media: str, body: bytes) -> tuple[Any, float | None]:
+        if len(body) <= self.inline_decode_bytes:
+            return self._decode(media, body)
+        if media == JSON_TYPE and len(body) > self.process_decode_bytes and self._decode_children is not None:
+            try:  # in a child process: parsing holds a GIL, not ours
+                return await self._decode_children.decode(body)
+            except DecodePoolError as exc:
+                _log.warning("%s; parsing this body on a thread", exc)
+        # off the event loop: other clients keep being served while it parses
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._decode_pool, self._decode, media, body)
 
     def _decode(self, media: str, body: bytes) -> tuple[Any, float | None]:
         if media == JSON_TYPE:
@@ -363,6 +384,8 @@ class ServingApp:
         self.begin_drain()
         await self.backend.close()
         self._decode_pool.shutdown(wait=False)
+        if self._decode_children is not None:
+            await self._decode_children.aclose()
 
 
 def _peer(request) -> str:

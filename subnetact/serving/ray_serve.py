@@ -1,27 +1,36 @@
-"""SuperServe's architecture on Ray Serve: one router with the EDF queue and the policy, N single-batch workers.
+"""SuperServe's architecture on Ray Serve: router replicas with the EDF queue and the policy, single-batch workers.
 
 ::
 
-    client --HTTP--> Ray's proxy (every node) --> Router (1 replica)  ServingApp front end + EDF queue + policy:
-                                                       |              the shared scheduling.dispatch_step
+    client --HTTP--> Ray's proxy (every node) --> Router x R (2)   ServingApp front end + EDF queue + policy:
+                                                       |           the shared scheduling.dispatch_step
                                                        |  run(subnet_id, payloads): one batch at a time per worker
                                                        v
-                                                  Worker actors x N   each loads the model from a subnetact.save file
+                                                  Worker actors    num_workers in all, split among the routers; each
+                                                                   loads the model from a subnetact.save file
 
-- **The router is the ingress**: Ray's proxy terminates HTTP and forwards to the router replica, which runs the
+- **The routers are the ingress**: Ray's proxy terminates HTTP and forwards to a router replica, which runs the
   :class:`~subnetact.serving.ServingApp` front end (parsing, deadlines, JSON errors, metrics) with itself as the
-  backend. A separate ingress deployment would cost one more actor call per request for no gain: the router must see
-  every request anyway.
+  backend. A separate ingress deployment would cost one more actor call per request for no gain: a router must see
+  every request it schedules anyway.
+- **No single point of failure** (issue 22): ``num_routers`` replicas (default 2), each with its own queue and its
+  share of the workers (replica ``rank`` of ``R`` gets ``num_workers // R``, one more if ``rank < num_workers % R``).
+  When a router dies, Ray's proxy stops sending to it at its first failed request and the others take the traffic;
+  the requests it held are answered 500 by the proxy and clients send them again (idempotent: a prediction is a pure
+  function of its input). Its workers are **detached** actors *leased* to it (renewed every ``lease_s / 4`` from a
+  thread): they outlive it, and the router Serve starts in its place adopts them once their lease lapses instead of
+  loading the model again, if they serve the same model (:func:`model_key`). A worker no router has leased for
+  ``orphan_ttl_s`` is killed.
 - **Model distribution.** A converted model does not pickle; workers get a :class:`~subnetact.serving.ModelSpec`
   (checkpoint path, factory, profile: plain data) and each loads the :func:`subnetact.save` file itself. The file
   must be readable at that path on every node (shared storage, or baked into the image).
 - **Deadlines** cross processes as wall-clock times (``time.time()``): :meth:`Router.submit` takes one from callers
   in other processes or hosts and converts it to the router's ``time.monotonic()``. Over HTTP the budget starts when
   the request reaches the router (Ray's proxy hop before that is not counted).
-- **Workers** are Ray actors owned by the router (not Serve replicas), so the router knows which one is free and
+- **Workers** are Ray actors leased to one router (not Serve replicas), so the router knows which one is free and
   sends each a batch only when it is idle, as in the paper. ``reconfigure({"num_workers": n})`` (Serve's
-  ``user_config``) or :meth:`Router.scale` adds or removes workers while serving; a removed worker finishes its
-  batch first.
+  ``user_config``, sent to every replica: ``n`` is the total) or :meth:`Router.scale` (the one replica a handle call
+  reaches: its own count) adds or removes workers while serving; a removed worker finishes its batch first.
 - **Deadlines on the router's clock.** With every worker busy (or hung) the router still applies the drop rule to its
   queue when the head's time comes, and a request whose batch is still running on a worker at its deadline +
   ``deadline_grace_s`` (0.5 s) is answered ``DeadlineMissedError`` (HTTP 504); the worker is marked stuck (logged,
@@ -38,21 +47,27 @@ baseline on the same engine (Ray's ``@serve.batch`` running one fixed subnet, or
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
+import json
 import logging
+import os
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray import serve
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError, RayActorError
 
 from scheduling import (
     DeadlineMissedError,
     EDFQueue,
     LatencyModel,
     NoWorkersError,
+    Profile,
     QueueFullError,
     SchedulerClosedError,
     WorkerFailedError,
@@ -61,6 +76,7 @@ from scheduling import (
 )
 from scheduling.dispatch import WAKE_FLOOR_S
 
+from ..errors import ConfigError
 from .app import ServingApp
 from .backend import PROFILE_ERROR_LIMIT, make_policy, wall_to_monotonic
 from .runner import ModelSpec
@@ -71,6 +87,7 @@ __all__ = [
     "Worker",
     "app_builder",
     "build_app",
+    "model_key",
     "serve_batch_app",
 ]
 
@@ -83,16 +100,51 @@ _WORKER_DIED = (ActorDiedError, ActorUnavailableError, RayActorError)
 
 
 class Worker:
-    """A worker actor: loads the model from its spec and runs one batch per call (``max_concurrency=1``)."""
+    """A worker actor: loads the model from its spec and runs one batch per call (``max_concurrency=1``).
 
-    def __init__(self, spec: ModelSpec) -> None:
+    It is a detached actor leased to one router at a time: the router renews the lease every ``lease_s / 4``; when
+    its router dies the lease lapses and a restarted router adopts the worker, model already loaded. The lease
+    methods run in their own ``"control"`` thread, so a router can renew (or adopt) while a batch runs or hangs.
+    """
+
+    def __init__(self, spec: ModelSpec, owner: str, lease_s: float, model_key: str) -> None:
         self.runner = spec.build()
+        self.model_key = model_key  # which model it serves (:func:`model_key`): only a router of that model adopts it
+        self._lease_lock = threading.Lock()  # the control thread and nothing else touches the lease; one at a time
+        self._owner = owner
+        self._renewed_at = time.monotonic()
+        self._lease_s = lease_s
 
     def run(self, subnet_id: Any, payloads: list[Any]) -> list[dict[str, Any]]:
         return self.runner(subnet_id, payloads)
 
+    @ray.method(concurrency_group="control")
     def ready(self) -> bool:
         return True
+
+    @ray.method(concurrency_group="control")
+    def claim(self, router_id: str, lease_s: float, model_key: str) -> dict[str, Any]:
+        """Take or renew the lease for ``router_id``: granted if it holds it already or the holder's has lapsed,
+        and only for a router of the same model (``model_key``: another application, or a new version, must not
+        adopt a worker that runs another checkpoint or profile).
+
+        Returns ``{"granted": bool, "since_renewal_s": seconds since the holder last renewed, "same_model": bool,
+        "pid": ...}``.
+        """
+        with self._lease_lock:
+            now = time.monotonic()
+            since = now - self._renewed_at
+            same_model = model_key == self.model_key
+            granted = same_model and (self._owner == router_id or since > self._lease_s)
+            if granted:
+                self._owner, self._renewed_at, self._lease_s = router_id, now, lease_s
+            return {"granted": granted, "since_renewal_s": since, "same_model": same_model, "pid": os.getpid()}
+
+    @ray.method(concurrency_group="control")
+    def orphaned_for(self) -> float:
+        """Seconds since the lease lapsed (0 while a router holds it)."""
+        with self._lease_lock:
+            return max(0.0, time.monotonic() - self._renewed_at - self._lease_s)
 
 
 @dataclass(eq=False)
@@ -103,6 +155,7 @@ class _WorkerSlot:
     busy: bool = False
     retiring: bool = False
     stuck: bool = False  # its batch ran past a request's deadline + grace and has not returned
+    lost: bool = False  # another router holds its lease now (ours lapsed): not ours to use or kill
     reaper: asyncio.TimerHandle | None = None  # when its running batch's next request is due
 
 
@@ -113,10 +166,11 @@ class _Request:
     attempts: int = 0  # batches it was sent in whose worker died
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=1, max_ongoing_requests=100_000)
+@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=2, max_ongoing_requests=100_000)
 @serve.ingress()
 class Router:
-    """The one router and HTTP ingress: front end, EDF queue and policy for all workers (see the module docstring).
+    """A router replica and HTTP ingress: front end, EDF queue and policy for its share of the workers (see the module
+    docstring).
 
     It is the :class:`~subnetact.serving.ServingApp`'s backend (``infer``, ``queue_len``, ``ready``, ``close``);
     handle methods: :meth:`scale`, :meth:`stats`, :meth:`worker_names`, :meth:`submit`.
@@ -124,7 +178,9 @@ class Router:
     Args:
         spec: The model; every worker builds it.
         policy: A policy name for :func:`~subnetact.serving.make_policy` (``"slackfit"``...).
-        num_workers: Workers at start (changed later by :meth:`scale` / ``reconfigure``).
+        num_workers: Workers at start, over all router replicas: replica ``rank`` of ``R`` runs
+            ``num_workers // R`` of them, one more if ``rank < num_workers % R`` (changed later by ``reconfigure``,
+            which every replica gets, or by :meth:`scale` on the one replica a handle call reaches).
         max_queue: Queue capacity; beyond it ``QueueFullError`` (HTTP 429).
         worker_options: Ray actor options of each worker, e.g. ``{"num_cpus": 1}`` (default) or
             ``{"num_gpus": 1}``.
@@ -136,6 +192,11 @@ class Router:
             policies that want one (the default SlackFit always plans with one).
         deadline_grace_s: A request still running on a worker this long past its deadline is answered
             ``DeadlineMissedError`` and the worker marked stuck, as in :class:`scheduling.Scheduler`. Default 0.5 s.
+        lease_s: How long a worker stays leased to this router without a renewal (renewed every ``lease_s / 4``
+            from a thread of its own). A router that starts adopts workers whose lease has lapsed instead of
+            loading new ones, waiting up to ``lease_s`` for those whose router has stopped renewing. Default 3 s.
+        orphan_ttl_s: A worker nobody has leased for this long is killed (its router is gone for good, e.g. after
+            ``num_replicas`` went down). Default 60 s.
     """
 
     def __init__(
@@ -150,10 +211,17 @@ class Router:
         app_options: dict[str, Any] | None = None,
         adaptive: bool = False,
         deadline_grace_s: float = 0.5,
+        lease_s: float = 3.0,
+        orphan_ttl_s: float = 60.0,
     ) -> None:
         self.spec = spec
         self.deadline_grace_s = float(deadline_grace_s)
+        self.lease_s = float(lease_s)
+        self.orphan_ttl_s = float(orphan_ttl_s)
+        self.router_id = uuid.uuid4().hex
+        self.rank, self.num_routers = _replica_rank()
         self.profile = spec.load_profile()
+        self.model_key = model_key(spec, self.profile)
         self.policy = make_policy(policy, self.profile)
         # Adaptive planning as in scheduling.Scheduler(latency_model=...): each batch's service time as the router
         # sees it (the worker's forward plus the actor call) refines the profile the policy decides from.
@@ -172,35 +240,134 @@ class Router:
         self._loop_task: asyncio.Task | None = None
         self._tasks: set[asyncio.Task] = set()
         self.counts = {
-            "submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0, "stuck": 0
+            "submitted": 0, "completed": 0, "batches": 0, "retried": 0, "worker_deaths": 0, "stuck": 0,
+            "adopted": 0, "started": 0, "leases_lost": 0, "orphans_killed": 0,
         }  # fmt: skip
         self._observe_batch: Any = None
         self._closing = False
-        for w in self._start_workers(num_workers):
+        share = self._share(num_workers)
+        adopted = self._adopt_orphans(share)  # a restarted router takes over its predecessor's loaded workers
+        for w in adopted + self._start_workers(share - len(adopted)):
             self.workers[w.wid] = w
+        self._stop_leases = threading.Event()
+        self._start_lease_keeper()
         self.front_end = ServingApp(self, input_shape=spec.input_shape, **(app_options or {}))
 
     def __serve_build_asgi_app__(self) -> ServingApp:
         return self.front_end
 
     # ------------------------------------------------------------------ workers
+    def _share(self, num_workers: int) -> int:
+        """This replica's part of ``num_workers`` (split by rank, the first ones get the remainder)."""
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers!r} must be an int >= 0")
+        return num_workers // self.num_routers + (self.rank < num_workers % self.num_routers)
+
     def _start_workers(self, n: int) -> list[_WorkerSlot]:
-        """Start ``n`` worker actors and wait until each has loaded the model."""
-        cls = ray.remote(max_concurrency=1, max_restarts=0, max_task_retries=0, **self.worker_options)(Worker)
+        """Start ``n`` worker actors leased to this router and wait until each has loaded the model."""
+        cls = ray.remote(
+            max_concurrency=1, concurrency_groups={"control": 1}, max_restarts=0, max_task_retries=0,
+            **self.worker_options,
+        )(Worker)  # fmt: skip
         slots = []
         for _ in range(n):
-            wid = next(self._ids)
-            name = f"{self.name_prefix}-{wid}"
-            slots.append(_WorkerSlot(wid, name, cls.options(name=name, namespace=WORKER_NAMESPACE).remote(self.spec)))
-        ray.get([s.actor.ready.remote() for s in slots], timeout=300)  # the model is loaded: serve from here on
+            # Unique names: workers outlive their router (detached), and a restarted router's ids start at 0 again.
+            name = f"{self.name_prefix}-{uuid.uuid4().hex[:12]}"
+            actor = cls.options(name=name, namespace=WORKER_NAMESPACE, lifetime="detached").remote(
+                self.spec, self.router_id, self.lease_s, self.model_key
+            )
+            slots.append(_WorkerSlot(next(self._ids), name, actor))
+        try:
+            ray.get([s.actor.ready.remote() for s in slots], timeout=300)  # the model is loaded: serve from here on
+        except BaseException:
+            for s in slots:  # detached: nothing else would ever stop them
+                ray.kill(s.actor, no_restart=True)
+            raise
+        self.counts["started"] += n
         return slots
 
+    def _worker_actor_names(self) -> list[str]:
+        """Names of the live worker actors of this application (every router's, and orphans)."""
+        prefix = f"{self.name_prefix}-"
+        return [
+            a["name"]
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == WORKER_NAMESPACE and a["name"].startswith(prefix)
+        ]
+
+    def _adopt_orphans(self, n: int) -> list[_WorkerSlot]:
+        """Lease up to ``n`` workers whose router is gone (model loaded: no reload), waiting up to ``lease_s`` for
+        the leases of routers that have stopped renewing to lapse."""
+        adopted: list[_WorkerSlot] = []
+        tried: set[str] = set()
+        give_up = time.monotonic() + self.lease_s + 1.0
+        while len(adopted) < n:
+            lapsing = False  # a worker whose router has stopped renewing: its lease lapses within lease_s
+            for name in self._worker_actor_names():
+                if name in tried or len(adopted) >= n:
+                    continue
+                try:
+                    actor = ray.get_actor(name, namespace=WORKER_NAMESPACE)
+                    lease = ray.get(actor.claim.remote(self.router_id, self.lease_s, self.model_key), timeout=10)
+                except (ValueError, GetTimeoutError, *_WORKER_DIED):  # gone (or wedged) since it was listed
+                    tried.add(name)
+                    continue
+                if lease["granted"]:
+                    tried.add(name)
+                    adopted.append(_WorkerSlot(next(self._ids), name, actor))
+                    _log.info("router %s adopted worker %s (model already loaded)", self.router_id[:8], name)
+                elif lease["same_model"] and lease["since_renewal_s"] > self.lease_s / 2:
+                    lapsing = True
+            if not lapsing or time.monotonic() > give_up:
+                break
+            time.sleep(0.1)
+        self.counts["adopted"] += len(adopted)
+        return adopted
+
+    def _start_lease_keeper(self) -> None:
+        # A thread, not a task on the event loop: leases must be renewed before the first request arrives and while
+        # the loop is busy; it only reads self.workers and sets flags on slots.
+        threading.Thread(target=self._keep_leases, name="subnetact-leases", daemon=True).start()
+
+    def _keep_leases(self) -> None:
+        """Renew this router's leases every ``lease_s / 4``; every ``4 * lease_s``, kill orphans past
+        ``orphan_ttl_s``."""
+        next_scan = time.monotonic() + 4 * self.lease_s
+        while not self._stop_leases.wait(self.lease_s / 4):
+            mine = [w for w in list(self.workers.values()) if not w.lost]
+            refs = [(w, w.actor.claim.remote(self.router_id, self.lease_s, self.model_key)) for w in mine]
+            for w, ref in refs:
+                try:
+                    granted = ray.get(ref, timeout=self.lease_s / 2)["granted"]
+                except (GetTimeoutError, *_WORKER_DIED):
+                    continue  # a dead worker is noticed by its next batch; a slow answer, by the next renewal
+                if not granted:  # our lease lapsed (this router stalled) and another router adopted it
+                    w.lost = w.retiring = True
+                    self.counts["leases_lost"] += 1
+                    _log.warning("router %s lost the lease of worker %s to another router", self.router_id[:8], w.name)
+            if time.monotonic() >= next_scan:
+                next_scan = time.monotonic() + 4 * self.lease_s
+                self._kill_orphans({w.name for w in mine})
+
+    def _kill_orphans(self, mine: set[str]) -> None:
+        for name in self._worker_actor_names():
+            if name in mine:
+                continue
+            try:
+                actor = ray.get_actor(name, namespace=WORKER_NAMESPACE)
+                if ray.get(actor.orphaned_for.remote(), timeout=self.lease_s) > self.orphan_ttl_s:
+                    ray.kill(actor, no_restart=True)
+                    self.counts["orphans_killed"] += 1
+                    _log.warning("killed worker %s: no router has leased it for %g s", name, self.orphan_ttl_s)
+            except (ValueError, GetTimeoutError, *_WORKER_DIED):
+                continue
+
     async def scale(self, num_workers: int) -> list[str]:
-        """Run ``num_workers`` workers from now on; returns the live workers' names. Removed workers finish their
-        batch first."""
+        """Run ``num_workers`` workers in this router replica from now on; returns its live workers' names. Removed
+        workers finish their batch first."""
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0")
-        live = [w for w in self.workers.values() if not w.retiring]
+            raise ConfigError(f"num_workers={num_workers!r} must be an int >= 0")
+        live = self._live_workers()
         if num_workers > len(live):
             # Loading takes seconds: wait in a thread, then add the workers from the event loop (which owns the dict).
             new = await asyncio.get_running_loop().run_in_executor(None, self._start_workers, num_workers - len(live))
@@ -214,21 +381,24 @@ class Router:
         return self.worker_names()
 
     async def reconfigure(self, config: dict[str, Any]) -> None:
-        """Serve's ``user_config`` hook: ``{"num_workers": n}``."""
+        """Serve's ``user_config`` hook, sent to every replica: ``{"num_workers": n}`` over all router replicas."""
         if "num_workers" in config:
-            await self.scale(int(config["num_workers"]))
+            await self.scale(self._share(config["num_workers"]))
+
+    def _live_workers(self) -> list[_WorkerSlot]:
+        return [w for w in self.workers.values() if not w.retiring]
 
     def _drop_worker(self, w: _WorkerSlot, *, kill: bool) -> None:
         self.workers.pop(w.wid, None)
-        if kill:
+        if kill and not w.lost:
             ray.kill(w.actor, no_restart=True)
-        if not self.workers:
+        if not self._live_workers():
             for e in self.queue.drain():
                 self._complete(e[3], exc=NoWorkersError("no live worker is left"))
 
     def worker_names(self) -> list[str]:
-        """Names of the live workers (named Ray actors)."""
-        return [w.name for w in self.workers.values() if not w.retiring]
+        """Names of this router's live workers (named Ray actors)."""
+        return [w.name for w in self._live_workers()]
 
     # ------------------------------------------------------------------ requests
     async def submit(self, payload: Any, deadline_wall: float) -> dict[str, Any]:
@@ -244,7 +414,7 @@ class Router:
         req = _Request(asyncio.get_running_loop().create_future(), payload)
         if self._closing:
             self._complete(req, exc=SchedulerClosedError("the router is shutting down"))
-        elif not self.workers:
+        elif not self._live_workers():
             self._complete(req, exc=NoWorkersError("no live worker; scale the router up"))
         elif len(self.queue) >= self.queue.capacity:
             self._complete(req, exc=QueueFullError(f"queue is full (max_queue={self.queue.capacity})"))
@@ -273,12 +443,16 @@ class Router:
         return self.policy.min_latency(1)
 
     async def close(self) -> None:
-        """Stop accepting; serve (or drop, by deadline) what is queued; wait for the running batches (<= 60 s)."""
+        """Stop accepting; serve (or drop, by deadline) what is queued; wait for the running batches (<= 60 s); then
+        stop the workers (detached actors: they would outlive the router)."""
         self._closing = True
         limit = time.monotonic() + 60.0
-        while (self.queue or self._tasks) and self.workers and time.monotonic() < limit:
+        while (self.queue or self._tasks) and self._live_workers() and time.monotonic() < limit:
             self._kick()
             await asyncio.sleep(0.01)
+        self._stop_leases.set()
+        for w in list(self.workers.values()):
+            self._drop_worker(w, kill=True)
 
     def _complete(self, req: _Request, result: Any = None, exc: BaseException | None = None) -> None:
         if req.future.done():  # the caller went away (cancelled); it was still counted once
@@ -290,8 +464,16 @@ class Router:
             req.future.set_result(result)
 
     def stats(self) -> dict[str, Any]:
-        """Counters (submitted, completed, batches, retried, worker_deaths), queue length and live workers."""
-        return {**self.counts, "queue_len": len(self.queue), "workers": self.worker_names()}
+        """Counters (submitted, completed, batches, retried, worker_deaths, stuck, adopted, started, leases_lost,
+        orphans_killed), queue length, live workers and which replica answered (``router_id``, ``rank``, ``pid``)."""
+        return {
+            **self.counts,
+            "queue_len": len(self.queue),
+            "workers": self.worker_names(),
+            "router_id": self.router_id,
+            "rank": self.rank,
+            "pid": os.getpid(),
+        }
 
     # ------------------------------------------------------------------ the dispatch loop
     def _ensure_loop(self) -> None:
@@ -314,7 +496,7 @@ class Router:
             self._wake.clear()
             timeout = None
             while q:
-                free = [w for w in self.workers.values() if not w.busy and not w.retiring]
+                free = [w for w in self._live_workers() if not w.busy]
                 if not free:
                     # Every worker is busy (or hung): the drop rule still runs when the head's time comes.
                     now = time.monotonic()
@@ -413,7 +595,7 @@ class Router:
         for deadline, _, arrival, req in batch:
             if req.future.done():  # answered already (deadline + grace passed while it ran)
                 continue
-            if req.attempts >= 1 or not self.workers:
+            if req.attempts >= 1 or not self._live_workers():
                 self._complete(req, exc=WorkerFailedError(f"the worker running this request died twice: {exc}"))
                 continue
             req.attempts += 1
@@ -421,10 +603,34 @@ class Router:
             self.queue.push(deadline, arrival, req)  # the drop rule decides whether it can still make it
 
 
+def model_key(spec: ModelSpec, profile: Profile) -> str:
+    """What a worker serves, as a digest: the spec's fields, the loaded profile and the checkpoint file's size and
+    modification time (where the router can see it). Workers are adopted only by routers with the same key."""
+    try:
+        st = os.stat(spec.checkpoint)
+        stamp: list[int] | None = [st.st_size, st.st_mtime_ns]
+    except OSError:  # not visible from the router's node: the path alone
+        stamp = None
+    fields = [spec.checkpoint, spec.factory, list(spec.input_shape), spec.postprocess, spec.device, spec.threads]
+    text = json.dumps([fields, stamp, profile.to_dict()], sort_keys=True, default=repr)  # same bytes in every process
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _replica_rank() -> tuple[int, int]:
+    """(rank, number of replicas) of the Serve replica this runs in; (0, 1) outside one."""
+    try:
+        ctx = serve.get_replica_context()
+    except Exception:  # noqa: BLE001 - not in a replica (a test constructing the class): one router
+        return 0, 1
+    rank = getattr(ctx.rank, "rank", ctx.rank)
+    return int(rank), max(1, int(ctx.world_size))
+
+
 def build_app(
     spec: ModelSpec,
     *,
     num_workers: int = 2,
+    num_routers: int = 2,
     policy: str = "slackfit",
     max_queue: int = 1000,
     worker_options: dict[str, Any] | None = None,
@@ -432,8 +638,10 @@ def build_app(
     app_options: dict[str, Any] | None = None,
     adaptive: bool = False,
     deadline_grace_s: float = 0.5,
+    lease_s: float = 3.0,
 ) -> Any:
-    """The bound Serve application (Ray's proxy -> router -> workers) for ``serve.run``; the arguments are
+    """The bound Serve application (Ray's proxy -> ``num_routers`` router replicas -> their workers) for
+    ``serve.run``; ``num_workers`` is the total over the routers (at least one each); the other arguments are
     :class:`Router`'s.
 
     Example::
@@ -442,7 +650,15 @@ def build_app(
         >>> serve.run(build_app(digits_spec(), num_workers=2), name="subnetact", route_prefix="/")
         >>> serve.get_deployment_handle("Router", "subnetact").scale.remote(3)   # add a worker while serving
     """
-    return Router.bind(
+    for name, value in (("num_routers", num_routers), ("num_workers", num_workers)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r} must be an int >= 1")
+    if num_workers < num_routers:
+        raise ConfigError(
+            f"num_workers={num_workers!r} must be >= num_routers={num_routers!r}: a router without a worker "
+            "would answer 503 to every request Ray's proxy sends it"
+        )
+    return Router.options(num_replicas=num_routers).bind(
         spec,
         policy=policy,
         num_workers=num_workers,
@@ -452,6 +668,7 @@ def build_app(
         app_options=app_options,
         adaptive=adaptive,
         deadline_grace_s=deadline_grace_s,
+        lease_s=lease_s,
     )
 
 
@@ -526,8 +743,9 @@ def app_builder(args: dict[str, Any]) -> Any:
     """Application builder for a Serve config file (``import_path: subnetact.serving.ray_serve:app_builder``).
 
     ``args``: ``checkpoint``, ``factory``, ``profile`` (JSON path), ``input_shape`` (list) and optionally
-    ``postprocess``, ``device``, ``threads``, ``num_workers`` (default 2), ``policy``, ``max_queue``,
-    ``worker_options`` and ``app_options`` (keyword arguments of :class:`ServingApp`); or ``digits: true`` for the
+    ``postprocess``, ``device``, ``threads``, ``num_workers`` (default 2, over all routers), ``num_routers`` (default
+    2), ``policy``, ``max_queue``, ``worker_options``, ``lease_s`` and ``app_options`` (keyword arguments of
+    :class:`ServingApp`); or ``digits: true`` for the
     shipped digits supernet (its profile measured on the router's node unless ``profile`` is given).
     """
     args = dict(args)

@@ -65,6 +65,7 @@ def test_router_and_two_workers_survive_a_killed_worker():
         app = build_app(
             spec,
             num_workers=2,
+            num_routers=1,  # one router: its stats count every request (two routers: test_e2e_ray_router_kill.py)
             worker_options={"num_cpus": 0.5},
             app_options={"default_deadline_ms": 20000.0},
             adaptive=True,  # the router refines the profile from the batch times it measures

@@ -48,7 +48,11 @@ def test_rounding_keeps_whole_heads_and_ceil():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        ({"depth": 5}, r"depth\[0\]=5 is not allowed for 'bert.encoder.layer': allowed values are \(1, 2, 3, 4\)"),
+        (
+            {"depth": 5},
+            r"depth\[0\]=5 is not allowed for module 'bert.encoder.layer': "
+            r"allowed values are \(1, 2, 3, 4\)",
+        ),
         ({"depth": 0}, r"depth\[0\]=0 is not allowed"),
         ({"width": 0.3}, r"heads\[0\]=0.3 is not allowed .* allowed values are \(0.25, 0.5, 0.75, 1.0\)"),
         ({"width": [0.5] * 3}, r"heads has 3 values but the space has 4 heads entries"),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -311,7 +312,26 @@ BY_LAYOUT = {
         )
     ),
     "BeitModel": lambda: transformers.BeitModel(_tiny_config(transformers.BeitConfig, image_size=32, patch_size=8)),
+    "WhisperEncoder": lambda: _whisper(transformers.models.whisper.modeling_whisper.WhisperEncoder),
+    "WhisperForAudioClassification": lambda: _whisper(transformers.WhisperForAudioClassification),
 }
+
+
+def _whisper(cls):
+    """A tiny Whisper encoder: 8 mel bins, 8 positions (16 input frames), 4 heads of 8, FFN 37."""
+    return cls(
+        transformers.WhisperConfig(
+            d_model=32,
+            encoder_layers=2,
+            encoder_attention_heads=4,
+            encoder_ffn_dim=37,
+            num_mel_bins=8,
+            max_source_positions=8,
+            decoder_layers=1,
+            decoder_attention_heads=4,
+            decoder_ffn_dim=16,
+        )
+    )
 
 
 @pytest.mark.parametrize("name", list(BY_LAYOUT))
@@ -334,21 +354,124 @@ def test_encoders_convert_with_plain_convert_and_exact_parity(name):
             assert not torch.equal(dense(**x)[0], full[0])  # really a smaller model
 
 
-#: Encoders refused with the reason: a layout no family has, several layer lists, or a family check that fails.
-REFUSED_ENCODERS = {
+#: Encoders whose heads a per-head relative position bias fixes: built in with depth and FFN width only.
+#: name -> (model, FFN second projection in a layer, layer list, path of the bias named in the warning).
+FIXED_HEADS = {
     "MPNetModel": (
         lambda: transformers.MPNetModel(_tiny_config(transformers.MPNetConfig, vocab_size=99)),
-        r"'encoder.layer' \(MPNetLayer\) have the layout of no built-in family: bert: .*no submodule 'attention.self'",
+        "output.dense",
+        "encoder.layer",
+        "encoder.relative_attention_bias",
+    ),
+    "MPNetForSequenceClassification": (
+        lambda: transformers.MPNetForSequenceClassification(_tiny_config(transformers.MPNetConfig, vocab_size=99)),
+        "output.dense",
+        "mpnet.encoder.layer",
+        "mpnet.encoder.relative_attention_bias",
     ),
     "T5EncoderModel": (
         lambda: transformers.T5EncoderModel(
-            transformers.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4)
+            transformers.T5Config(vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=3, num_heads=4)
         ),
-        r"'encoder.block' \(T5Block\) have the layout of no built-in family",
+        "layer.1.DenseReluDense.wo",
+        "encoder.block",
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
     ),
+    # T5 v1.1 / Flan-T5's gated FFN (wi_0, wi_1 -> wo): the same class as above, the T5_GATED variant's layout.
+    "T5EncoderModel-gated": (
+        lambda: transformers.T5EncoderModel(
+            transformers.T5Config(
+                vocab_size=99, d_model=32, d_kv=8, d_ff=37, num_layers=3, num_heads=4, feed_forward_proj="gated-gelu"
+            )
+        ),
+        "layer.1.DenseReluDense.wo",
+        "encoder.block",
+        "encoder.block.0.layer.0.SelfAttention.relative_attention_bias",
+    ),
+}
+
+
+def _masked_reference(original: nn.Module, layers_path: str, fc2: str, depth: int, ffn: list[float]) -> nn.Module:
+    """The original model with the dropped FFN neurons' fc2 columns zeroed and the skipped layers removed."""
+    ref = copy.deepcopy(original)
+    layers = ref.get_submodule(layers_path)
+    with torch.no_grad():
+        for layer, w in zip(layers, ffn):
+            proj = layer.get_submodule(fc2)
+            proj.weight[:, n_active(w, proj.in_features) :] = 0
+    parent, _, leaf = layers_path.rpartition(".")
+    kept = [i * len(layers) // depth for i in range(depth)]
+    setattr(ref.get_submodule(parent), leaf, nn.ModuleList([layers[i] for i in kept]))
+    return ref
+
+
+@pytest.mark.parametrize("name", list(FIXED_HEADS))
+def test_per_head_relative_bias_gives_depth_and_ffn_only_with_exact_parity(name):
+    from subnetact.hf.verify import default_example_inputs
+
+    make, fc2, layers_path, bias = FIXED_HEADS[name]
+    torch.manual_seed(0)
+    model = make().eval()
+    original = copy.deepcopy(model)
+    with pytest.warns(UserWarning, match=rf"heads are not elastic: {re.escape(bias)} \(Embedding\(32, 4\)\)"):
+        subnetact.convert(model)
+    assert set(model.space.dims) == {"depth", "ffn"} and model.space.links == {"width": ("ffn",)}
+    x = default_example_inputs(model)
+    layers = len(original.get_submodule(layers_path))
+    subnets = [(layers, [1.0] * layers), (1, [0.25] * layers), (2, [0.5, 1.0, 0.25][:layers])]
+    with torch.no_grad():
+        torch.testing.assert_close(model(**x)[0], original(**x)[0], rtol=0, atol=0)
+        for depth, ffn in subnets:
+            cfg = model.space.make(depth=depth, ffn=ffn)
+            got = model(**x, subnet=cfg)[0]
+            dense = model.export(cfg).eval()
+            assert type(dense) is type(original)
+            torch.testing.assert_close(dense(**x)[0], got, rtol=0, atol=0)
+            want = _masked_reference(original, layers_path, fc2, depth, ffn)(**x)[0]
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    model.actuate(width=0.5)  # the link sets the FFN only
+    assert list(model.active["ffn"]) == [0.5] * layers
+    with pytest.raises(subnetact.InvalidSubnetError, match=r"no dimension 'heads'"):
+        model.actuate(heads=0.5)
+
+
+@pytest.mark.parametrize("name", ["MPNetModel", "T5EncoderModel-gated"])
+def test_reorder_leaves_heads_with_a_per_head_bias_in_place(name):
+    torch.manual_seed(0)
+    original = FIXED_HEADS[name][0]().eval()
+    with pytest.warns(UserWarning, match="heads are not elastic"):
+        model = subnetact.convert(copy.deepcopy(original))
+    result = subnetact.reorder(model, None, score="l1")
+    assert all(torch.equal(order, torch.arange(4)) for order in result.head_order)
+    assert any(not torch.equal(order, torch.arange(37)) for order in result.ffn_order)  # neurons did move
+    x = {"input_ids": torch.randint(2, 99, (2, 8))}
+    # The same function: heads (and their bias columns) untouched, neurons moved whole (with the gate's rows).
+    with torch.no_grad():
+        torch.testing.assert_close(model(**x)[0], original(**x)[0], rtol=1e-5, atol=1e-5)
+
+
+#: Encoders refused naming what blocks them: shared layers, hierarchical stages, several towers, or a family check
+#: that fails.
+REFUSED_ENCODERS = {
     "AlbertModel": (
         lambda: transformers.AlbertModel(_tiny_config(transformers.AlbertConfig, vocab_size=99, embedding_size=16)),
-        r"AlbertModel is a Hugging Face model of no registered class",
+        r"AlbertModel shares layers across depth \(cross-layer parameter sharing\): "
+        r"encoder\.albert_layer_groups\.0\.albert_layers\.0 \(AlbertLayer\) runs 2 times in one forward",
+    ),
+    "SwinModel": (
+        lambda: transformers.SwinModel(
+            transformers.SwinConfig(
+                image_size=32, patch_size=4, embed_dim=16, depths=[1, 2], num_heads=[2, 4], window_size=4
+            )
+        ),
+        r"SwinModel is hierarchical: 'encoder\.layers' holds 2 stages, .*\(16 -> 32: patch merging\).* relative "
+        r"position bias table \(attention\.relative_position_bias\.relative_position_bias_table \(49, 2\); one "
+        r"column per head\)",
+    ),
+    "WhisperModel": (
+        lambda: _whisper(transformers.WhisperModel),
+        r"WhisperModel holds 2 separate lists of attention layers \('encoder\.layers' \(WhisperEncoderLayer\), "
+        r"'decoder\.layers' \(WhisperDecoderLayer\)\).* Convert the encoder on its own",
     ),
     "BigBirdModel": (
         lambda: transformers.BigBirdModel(
@@ -385,10 +508,13 @@ def test_encoders_no_family_describes_are_refused_naming_what_blocks_them(name):
 
 def test_unregistered_family_is_told_to_describe_it():
     torch.manual_seed(0)
-    model = transformers.MPNetModel(_tiny_config(transformers.MPNetConfig, vocab_size=99))
+    model = transformers.XLNetModel(
+        transformers.XLNetConfig(vocab_size=99, d_model=32, n_layer=2, n_head=4, d_inner=37)
+    )
     with pytest.raises(subnetact.UnsupportedModelError, match=r"Describe its encoder layer with a subnetact\.hf") as e:
         subnetact.convert(model)
-    assert "subnetact.hf.register_family(family, ['transformers.models.mpnet.modeling_mpnet.MPNetModel'])" in str(
+    assert "'layer' (XLNetLayer) have the layout of no built-in family: bert: " in str(e.value)
+    assert "subnetact.hf.register_family(family, ['transformers.models.xlnet.modeling_xlnet.XLNetModel'])" in str(
         e.value
     )
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("starlette")
 
-from scheduling import DeadlineMissedError, datasets  # noqa: E402
+from scheduling import DeadlineMissedError, Profile, datasets  # noqa: E402
 from subnetact.serving import ModelSpec, ray_serve  # noqa: E402
 
 PROFILE = datasets.superserve_a40_profile()
@@ -41,6 +41,8 @@ def make_router(monkeypatch, actors):
     assert user_class.__name__ == "Router"
     slots = iter(ray_serve._WorkerSlot(i, f"fake-{i}", a) for i, a in enumerate(actors))
     monkeypatch.setattr(user_class, "_start_workers", lambda self, n: [next(slots) for _ in range(n)])
+    monkeypatch.setattr(user_class, "_adopt_orphans", lambda self, n: [])  # no Ray cluster: nothing to adopt
+    monkeypatch.setattr(user_class, "_start_lease_keeper", lambda self: None)  # the fakes have no lease
     router = object.__new__(user_class)
     spec = ModelSpec("unused.safetensors", "unused:factory", PROFILE, (1, 8, 8))
     user_class.__init__(router, spec, policy=f"fixed:{PROFILE.ids[0]}", num_workers=len(actors), deadline_grace_s=0.2)
@@ -81,3 +83,40 @@ def test_hung_worker_every_request_answered_by_deadline_plus_1s(monkeypatch):
     stats = router.stats()
     assert stats["submitted"] == stats["completed"] == 20 and stats["stuck"] == 1, stats
     assert router.stuck_workers() == 0 and router.ready()  # returned: it serves again
+
+
+def test_worker_lease_is_held_by_one_router_until_it_lapses():
+    # What lets a restarted router adopt a worker without two routers ever sending it batches.
+    class Spec:
+        def build(self):
+            return lambda subnet_id, payloads: [{"prediction": 0} for _ in payloads]
+
+    worker = ray_serve.Worker(Spec(), "router-a", 0.3, "model-1")
+    assert worker.claim("router-b", 0.3, "model-1")["granted"] is False  # a's lease is fresh
+    assert worker.claim("router-a", 0.3, "model-1")["granted"] is True  # a renews
+    assert worker.orphaned_for() == 0.0
+    time.sleep(0.4)  # a stops renewing (its process died)
+    assert worker.orphaned_for() > 0.0
+    late = worker.claim("router-a", 0.3, "model-1")  # a late renewal still works while nobody else has taken it ...
+    assert late["granted"] is True and late["since_renewal_s"] > 0.3
+    time.sleep(0.4)
+    other = worker.claim("router-c", 0.3, "model-2")  # lapsed, but a router of another model never adopts it
+    assert other["granted"] is False and other["same_model"] is False
+    taken = worker.claim("router-b", 0.3, "model-1")  # ... but once lapsed, b takes it
+    assert taken["granted"] is True and taken["since_renewal_s"] > 0.3
+    assert worker.claim("router-a", 0.3, "model-1")["granted"] is False  # a has lost it: it must stop using the worker
+    assert worker.run(0, [None, None]) == [{"prediction": 0}, {"prediction": 0}]
+
+
+def test_model_key_tells_models_apart(tmp_path):
+    ckpt = tmp_path / "model.safetensors"
+    ckpt.write_bytes(b"weights v1")
+    spec = ModelSpec(str(ckpt), "subnetact.digits:build", PROFILE, (1, 8, 8))
+    key = ray_serve.model_key(spec, PROFILE)
+    assert ray_serve.model_key(ModelSpec(str(ckpt), "subnetact.digits:build", PROFILE, (1, 8, 8)), PROFILE) == key
+    assert ray_serve.model_key(ModelSpec(str(ckpt), "other:build", PROFILE, (1, 8, 8)), PROFILE) != key
+    d = PROFILE.to_dict()
+    d["subnets"] = d["subnets"][:3]
+    assert ray_serve.model_key(spec, Profile.from_dict(d)) != key  # another profile: other subnets to serve
+    ckpt.write_bytes(b"weights v2, retrained")  # the same path rewritten
+    assert ray_serve.model_key(spec, PROFILE) != key

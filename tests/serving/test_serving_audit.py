@@ -124,7 +124,7 @@ def test_large_body_is_parsed_off_the_event_loop(model, monkeypatch):
         return real(body, shape)
 
     monkeypatch.setattr(app_module, "decode_json", slow_decode)
-    s = serve(model, max_body_bytes=4 << 20)
+    s = serve(model, max_body_bytes=4 << 20, decode_processes=0)  # the thread pool (child processes: test below)
     try:
         big = json.dumps({"input": [0.25] * 200_000}).encode()  # ~1.2 MB, over inline_decode_bytes
         with ThreadPoolExecutor(1) as pool:
@@ -137,6 +137,28 @@ def test_large_body_is_parsed_off_the_event_loop(model, monkeypatch):
         assert status == 400 and "shape" in answer["error"]  # the flood's answer is unchanged
     finally:
         s.close()
+
+
+def test_large_json_body_is_parsed_in_a_child_process(model, monkeypatch):
+    # On a thread, json.loads still holds this process's GIL for the whole body; in a child it cannot.
+    def not_here(body, shape):
+        raise AssertionError("a large JSON body was parsed in the server's process")
+
+    monkeypatch.setattr(app_module, "decode_json", not_here)
+    s = serve(model, max_body_bytes=4 << 20)
+    try:
+        big = json.dumps({"input": [0.25] * 200_000}).encode()  # ~1.2 MB: over process_decode_bytes
+        status, answer = s.request("POST", "/predict", big)
+        assert status == 400 and "shape [200000]" in answer["error"], answer  # decode_json's own message
+        rows = [[[0.125 * ((i + j) % 8) for j in range(8)] for i in range(8)]]
+        padded = json.dumps({"input": rows, "deadline_ms": 1500}) + " " * (100 << 10)  # valid, ~100 KiB
+        status, answer = s.request("POST", "/predict", padded.encode())
+        assert status == 200 and answer["prediction"] == 0, answer
+        pool = s.app._decode_children
+        assert len(pool._children) == 2 and all(c.returncode is None for c in pool._children)
+    finally:
+        s.close()
+    assert all(c.returncode is not None for c in pool._children) or not pool._children  # stopped with the app
 
 
 def test_default_body_limit_refuses_a_1mib_json_before_parsing(served):

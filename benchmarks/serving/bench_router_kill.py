@@ -1,0 +1,214 @@
+"""SIGKILL of a Ray Serve router replica mid-burst (issue 22): what clients see, with 1 router replica and with 2.
+
+    python benchmarks/serving/bench_router_kill.py --requests 600 --clients 16 --routers 1 2 --profile profile.json
+
+Starts a local Ray cluster (``ray.init(num_cpus=2)``, no dashboard), deploys the digits supernet with
+``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a closed-loop burst of ``--requests`` JSON
+predictions from ``--clients`` threads through Ray's HTTP proxy. When ``--kill-at`` of them are answered, one router
+replica's process gets SIGKILL. Each client retries idempotently: a 500/502/503 or a dropped connection is sent
+again with the remaining deadline (``--deadline-ms``). Reported per configuration:
+
+- final answers: 200 (checked against the same model in this process), 503, 504, and ``gave up`` (the client's
+  budget ran out with no answer: an unanswered request);
+- how many requests needed a retry, and what their failed attempts got (Ray's proxy's 500, a dropped connection...);
+- the longest gap between consecutive answers during the burst (the outage a client sees);
+- kill -> a replacement router serving, and whether it adopted the dead router's worker (no model load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+RETRY_STATUSES = (500, 502, 503)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def predict_with_retry(port: int, x: list, budget_ms: float) -> dict:
+    """POST /predict until an answer not worth retrying or the budget is spent. Returns the final status (or
+    ``"gave up"``), the body, and what each failed attempt got."""
+    deadline = time.monotonic() + budget_ms / 1e3
+    failed: list[str] = []
+    final: dict = {"status": "gave up", "body": None}
+    while (left_ms := 1e3 * (deadline - time.monotonic())) > 1.0:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=left_ms / 1e3 + 2.0)
+        try:
+            body_out = json.dumps({"input": x, "deadline_ms": left_ms})
+            conn.request("POST", "/predict", body_out, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            status, raw = resp.status, resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            failed.append(type(exc).__name__)
+            continue
+        finally:
+            conn.close()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = {"error": raw.decode(errors="replace")}
+        final = {"status": status, "body": body}
+        if status not in RETRY_STATUSES:
+            break
+        failed.append(str(status))
+        time.sleep(0.02)
+    return {**final, "failed": failed, "t": time.monotonic()}
+
+
+def _router_stats(router, want: int, limit_s: float) -> dict[int, dict]:
+    import ray
+
+    seen: dict[int, dict] = {}
+    give_up = time.monotonic() + limit_s
+    while len(seen) < want and time.monotonic() < give_up:
+        try:
+            st = router.stats.remote().result(timeout_s=30)
+        except ray.exceptions.RayError:
+            continue
+        seen[st["pid"]] = st
+    return seen
+
+
+def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
+    from ray import serve
+
+    from subnetact.serving.ray_serve import build_app
+
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = build_app(
+        spec,
+        num_workers=2,
+        num_routers=num_routers,
+        worker_options={"num_cpus": 0.5},
+        app_options={"default_deadline_ms": args.deadline_ms},
+        lease_s=args.lease_s,
+    )
+    serve.run(app, name="subnetact", route_prefix="/")
+    router = serve.get_deployment_handle("Router", app_name="subnetact")
+    routers = _router_stats(router, num_routers, 60)
+    victim_pid, victim = next(iter(routers.items()))
+    n = args.requests
+    answered = threading.Semaphore(0)
+    killed_at: list[float] = []
+
+    def one(k: int) -> dict:
+        out = predict_with_retry(port, inputs[k % len(inputs)], args.deadline_ms)
+        answered.release()
+        return out
+
+    def killer():
+        for _ in range(int(args.kill_at * n)):
+            answered.acquire()
+        os.kill(victim_pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
+
+    threading.Thread(target=killer, daemon=True).start()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(args.clients) as pool:
+        results = list(pool.map(one, range(n)))
+    t_end = time.monotonic()
+    wrong = 0
+    for k, r in enumerate(results):
+        if r["status"] == 200:
+            body = r["body"]
+            x = np.asarray(inputs[k % len(inputs)], dtype=np.float32)
+            wrong += body["prediction"] != reference(body["subnet"], [x])[0]["prediction"]
+    times = [t0, *sorted(r["t"] for r in results)]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    kill = killed_at[0] if killed_at else float("nan")
+    after_kill = [r["t"] - kill for r in results if r["t"] > kill]
+
+    # Time until a replacement router answers (and whether it adopted the dead router's worker).
+    replacement, t_replaced = None, float("nan")
+    known = {st["router_id"] for st in routers.values()}
+    give_up = time.monotonic() + 120
+    while replacement is None and time.monotonic() < give_up:
+        for st in _router_stats(router, num_routers, 5).values():
+            if st["router_id"] not in known:
+                replacement, t_replaced = st, time.monotonic() - kill
+        time.sleep(0.1)
+    serve.shutdown()
+    statuses = collections.Counter(r["status"] for r in results)
+    return {
+        "routers": num_routers,
+        "requests": n,
+        "final": dict(sorted(statuses.items(), key=str)),
+        "wrong_predictions": wrong,
+        "retried": sum(bool(r["failed"]) for r in results),
+        "failed_attempts": dict(collections.Counter(f for r in results for f in r["failed"])),
+        "longest_gap_s": round(max(gaps), 3),
+        "burst_s": round(t_end - t0, 2),
+        "last_answer_after_kill_s": round(max(after_kill), 2) if after_kill else None,
+        "median_answer_after_kill_s": round(statistics.median(after_kill), 3) if after_kill else None,
+        "replacement_after_s": round(t_replaced, 1),
+        "replacement_adopted": None if replacement is None else replacement["adopted"],
+        "replacement_started": None if replacement is None else replacement["started"],
+        "victim_workers": victim["workers"],
+        "replacement_workers": None if replacement is None else replacement["workers"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=600)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--routers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rounds", type=int, default=1, help="repeat each configuration (interleaved)")
+    p.add_argument("--kill-at", type=float, default=0.25, help="fraction of the burst answered before the kill")
+    p.add_argument("--deadline-ms", type=float, default=20000.0, help="each request's budget, retries included")
+    p.add_argument("--lease-s", type=float, default=3.0)
+    p.add_argument("--profile", help="reuse a profile JSON instead of measuring one")
+    args = p.parse_args()
+
+    import ray
+    import torch
+
+    from subnetact import digits
+    from subnetact.serving.digits import digits_spec, measure_digits_profile
+
+    torch.set_num_threads(1)
+    if args.profile is None:
+        args.profile = str(Path(tempfile.mkdtemp(prefix="bench_router_kill_")) / "profile.json")
+        measure_digits_profile().save(args.profile)
+    spec = digits_spec(args.profile, threads=1)
+    reference = spec.build()
+    inputs = digits.to_input(digits.test_split()[0][:200]).numpy().tolist()
+    os.environ.setdefault("PYTHONPATH", str(ROOT))
+    print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    rows = []
+    try:
+        for _ in range(args.rounds):
+            for r in args.routers:
+                row = run_one(r, spec, reference, inputs, args)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    finally:
+        ray.shutdown()
+    print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
