@@ -8,7 +8,9 @@
    trace of held-out digits (:func:`subnetact.digits.test_set`: rotated, scaled, shifted and noisy views of the test
    split, disjoint from the training and validation images), each request with the same SLO. ``trials`` (3) traces
    (seeds ``seed``, ``seed + 1``, ...) are replayed, every policy on each trial before the next trial starts, so a
-   change in how busy the machine is affects all policies alike.
+   change in how busy the machine is affects all policies alike; each trial starts one policy later than the one
+   before (no policy always runs first), and each run starts after a full garbage collection with the survivors
+   frozen (a collection of the whole process inside a run stalls it, whichever policy runs).
 4. Print, per policy, the mean over the trials of: SLO attainment (with its standard deviation), accuracy against
    the true labels of the requests answered within their SLO and the profile's (validation) accuracy of the subnets
    that answered them, p50/p99 latency of the answered requests and throughput, with a mark on the policies on the
@@ -36,6 +38,7 @@ start) and warns when none does: then no policy needs to trade accuracy for atta
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import random
@@ -271,8 +274,11 @@ def run_demo(
     hogs = _start_background_load(background_load, out)
     try:
         for t, (arrivals, requested) in enumerate(traces_):
+            # Each trial starts one policy later, so no policy always runs first (after profiling, or after the
+            # previous trial's most overloaded run) or always at the same point of the process's life.
+            order = chosen[t % len(chosen) :] + chosen[: t % len(chosen)]
             trial_rows, trial_timelines = _run_policies(
-                chosen, latency_stat, out, f"trial {t + 1}/{trials} ", model, served, prof, x_test, labels,
+                order, latency_stat, out, f"trial {t + 1}/{trials} ", model, served, prof, x_test, labels,
                 arrivals, requested, slo_s, workers,
             )  # fmt: skip
             for row in trial_rows:
@@ -281,6 +287,7 @@ def run_demo(
                 timelines = trial_timelines
     finally:
         _stop_background_load(hogs)
+        gc.unfreeze()
     rows = [combine_trials(runs[name]) for name in chosen]
 
     # -- report ----------------------------------------------------------------------------------------------------
@@ -362,6 +369,12 @@ def _run_policies(
         adaptive = name.endswith(ADAPTIVE)
         policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
         latency_model = LatencyModel(prof) if adaptive else None
+        # A full garbage collection inside a run stalls the whole process (submitter and workers): measured 0.5-1.7 s
+        # with torch loaded on a busy 2-core machine, landing on whichever policy was running. Collect now, outside
+        # the timed run, and freeze what survives (the model, the traces, earlier results), so that the collections
+        # a run triggers only scan the objects it made.
+        gc.collect()
+        gc.freeze()
         row, timelines[name] = _run_policy(name, policy, model, *run, latency_model)
         rows.append(row)
         print(
@@ -421,10 +434,11 @@ def dominated_beyond_noise(rows: Sequence[PolicyResult]) -> list[list[str]]:
 
 
 def format_dominance(rows: Sequence[PolicyResult]) -> str:
-    """One line per row dominated beyond noise (:func:`dominated_beyond_noise`), or one line saying none is."""
+    """One line per row dominated beyond noise (:func:`dominated_beyond_noise`), or one line saying none is. A
+    SlackFit row's line also gives each paired difference (mean ± standard error)."""
     lines = []
     for r, by in zip(rows, dominated_beyond_noise(rows), strict=True):
-        if by:
+        if by and r.policy.startswith("slackfit"):
             parts = []
             for name in by:
                 o = next(x for x in rows if x.policy == name)
@@ -432,6 +446,8 @@ def format_dominance(rows: Sequence[PolicyResult]) -> str:
                 acc, acc_se = _paired(o.accuracy_trials, r.accuracy_trials)
                 parts.append(f"{name} (attainment {att:+.4f} ± {att_se:.4f}, accuracy {acc:+.2f} ± {acc_se:.2f})")
             lines.append(f"  {r.policy} by {', '.join(parts)}")
+        elif by:
+            lines.append(f"  {r.policy} by {', '.join(by)}")
     trials = max((len(r.attainment_trials) for r in rows), default=1)
     head = (
         f"dominated beyond trial-to-trial noise (paired over {trials} trial(s): better by > 2 standard errors + "

@@ -4,6 +4,8 @@
     python benchmarks/serving/bench_fail_closed.py --server-args="--threads 2"                    # torch's default
     python benchmarks/serving/bench_fail_closed.py --slow-profile 100                 # a profile 100x too slow
     python benchmarks/serving/bench_fail_closed.py --slow-profile 100 --server-args=--static-profile  # as before
+    python benchmarks/serving/bench_fail_closed.py --background 2 --json /tmp/bfc.json   # contention in the window
+    python benchmarks/serving/bench_fail_closed.py --keep-alive          # keep-alive client connections
 
 1. Start one busy process (``yes > /dev/null``) per core, then ``python -m subnetact.serving --digits``: it measures
    its start-up profile while every core is busy.
@@ -217,10 +219,10 @@ def run(args: argparse.Namespace) -> dict:
 
         def one(i: int, due: float) -> None:
             sent = time.monotonic()
-            if args.new_connections:
-                status, answer = _post(base + "/predict", body, timeout=5.0)
-            else:
+            if args.keep_alive:
                 status, answer = _post_keep_alive(port, body, timeout=5.0)
+            else:
+                status, answer = _post(base + "/predict", body, timeout=5.0)
             outcomes[i] = (due - t_end, status, time.monotonic() - sent, answer)
 
         with ThreadPoolExecutor(args.threads) as pool:
@@ -267,7 +269,7 @@ def run(args: argparse.Namespace) -> dict:
         "plan_log": plan_lines,
         "loadavg_at_end": os.getloadavg(),
         "background_processes": args.background,
-        "client": "a new connection per request" if args.new_connections else "keep-alive connections",
+        "client": "keep-alive connections" if args.keep_alive else "a new connection per request",
         "timeline": timeline,
         # Every request: [when it was due (s after the load ended), outcome, client ms, server ms, batch, subnet].
         "request_log": [
@@ -328,9 +330,9 @@ def main() -> None:
         help="busy processes running through the traffic window (other jobs on the machine; the target has none)",
     )
     p.add_argument(
-        "--new-connections",
+        "--keep-alive",
         action="store_true",
-        help="open a new connection per request (the default keeps one per client thread, as a load balancer does)",
+        help="one keep-alive connection per client thread, as a load balancer keeps (default: a new one per request)",
     )
     p.add_argument("--json", default=None, help="also write the result, with the per-second timeline, here")
     p.add_argument("--log", default="/tmp/bench_fail_closed_server.log", help="the server's output")

@@ -62,6 +62,9 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
     # The frontier marks in the table are those computed from the rows.
     on_front = frontier([PolicyResult(**r) for r in data["rows"]])
     assert [table[r["policy"]].split()[1] == "*" for r in data["rows"]] == on_front and any(on_front)
+    # The second trial starts one policy later than the first (no policy always runs first).
+    progress = [line.split()[2].rstrip(":") for line in text.splitlines() if line.strip().startswith("trial ")]
+    assert progress == [*names, *names[1:], names[0]], progress
     # Who dominates whom beyond trial noise: printed under the table and saved, as computed from the rows.
     assert "dominated beyond trial-to-trial noise (paired over 2 trial(s)" in text
     dominated = dominated_beyond_noise([PolicyResult(**r) for r in data["rows"]])
@@ -161,7 +164,11 @@ def test_dominance_beyond_trial_noise_by_hand():
     assert by["c"] == ["e"]
     text = format_dominance(rows)
     assert text.startswith("dominated beyond trial-to-trial noise (paired over 3 trial(s)")
-    assert "  a by b (attainment +0.0050 ± 0.0000, accuracy +0.00 ± 0.00), e (attainment +0.0000" in text
+    assert "\n  a by b, e, g\n" in text and "\n  c by e" in text
+    rows[0] = _trials("slackfit", (0.990, 0.991, 0.992), same)  # SlackFit's line gives the paired differences
+    assert "  slackfit by b (attainment +0.0050 ± 0.0000, accuracy +0.00 ± 0.00), e (attainment +0.0000" in (
+        format_dominance(rows)
+    )
     assert format_dominance(rows[:1]).endswith(": none")
 
 
