@@ -30,7 +30,9 @@ def _loaded_slackfit(profile):
     ``decide`` takes the sustainable-choice path (the other rows see no arrivals, i.e. rate 0)."""
     policy = SlackFit(profile, num_workers=8)
     best = max(b / st.mean_s for s in profile.subnets for b, st in s.latency.items())
-    policy.observe_arrivals(0.0, round(0.7 * 8 * best * policy.rate_window_s))
+    rate = 0.7 * 8 * best
+    for i in range(round(rate * policy.rate_window_s)):  # one window of steady arrivals at that rate
+        policy.observe_arrivals(i / rate)
     return policy
 
 

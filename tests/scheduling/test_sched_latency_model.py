@@ -247,8 +247,29 @@ def test_refresh_is_rate_limited_and_waits_for_a_real_change():
             break
     assert due_at is not None
     model.refresh(due_at)
-    assert not model.record(0, 3, 8, 1.7 * A40.latency(3, 8), due_at + 0.1)  # moved, but within refresh_s
-    assert model.record(0, 3, 8, 1.7 * A40.latency(3, 8), due_at + 0.6)
+    # Faster than estimated: the factor moves, the margin does not grow, so the re-plan waits for refresh_s.
+    assert not model.record(0, 3, 8, 1.2 * A40.latency(3, 8), due_at + 0.1)
+    assert model.record(0, 3, 8, 1.2 * A40.latency(3, 8), due_at + 0.6)
+
+
+def test_a_growing_margin_replans_at_once_and_decays():
+    """A batch far slower than estimated raises the planning margin at once (within refresh_s, by its whole
+    surprise, not one tail_step), and the margin decays with shock_halflife_s once batches are normal again."""
+    model = LatencyModel(A40, refresh_s=0.5, shock_halflife_s=0.2)
+    for i in range(1, 60):
+        model.record(0, 3, 8, A40.latency(3, 8), 0.01 * i)
+    quiet = model.refresh(0.6)
+    assert not model.record(0, 3, 8, A40.latency(3, 8), 0.61)
+    assert model.record(0, 3, 8, 2.0 * A40.latency(3, 8), 0.62)  # within refresh_s: urgent
+    shocked = model.refresh(0.62)
+    ratio = shocked.subnets[5].latency[32].p99_s / shocked.subnets[5].latency[32].mean_s
+    assert ratio > 1.7 > quiet.subnets[5].latency[32].p99_s / quiet.subnets[5].latency[32].mean_s
+    t = 0.62
+    while t < 2.0:  # normal batches: the shock halves every 0.2 s
+        t += 0.01
+        model.record(0, 3, 8, A40.latency(3, 8), t)
+    later = model.refresh(t)
+    assert later.subnets[5].latency[32].p99_s / later.subnets[5].latency[32].mean_s < 1.3
 
 
 # ----------------------------------------------------------------------------- Policy.update_profile

@@ -158,23 +158,43 @@ def test_backlog_aware_slackfit_against_brute_force(profile, slack, q, stat, wor
     """Sustainable choices only (or the whole queue), then the most accurate that fits; the demand is the larger of
     the measured rate and queue / slack (if nothing sustainable at that fits, at the measured rate); the drop
     threshold is the fastest mean latency at the measured rate. The rate is fed as one burst of arrivals at t=0,
-    decided on at t=0 (no decay)."""
+    decided on at t=0 (no decay); the estimate is bias-corrected for the part of a window seen since the first arrival
+    (floored at a tenth of a window, so here: count / (window * (1 - exp(-0.1)))). When planning at p99 and the backlog
+    is the larger demand, a choice sustainable at the backlog that fits at the mean comes before the rate's choices:
+    the slack is scaled by the smallest p99 / mean ratio of the profile."""
     policy = SlackFit(profile, latency_stat=stat, num_workers=workers)
     count = round(rate * policy.rate_window_s)
     if count:
         policy.observe_arrivals(0.0, count)
-    measured = count / policy.rate_window_s * policy.headroom
+    measured = count / (policy.rate_window_s * -math.expm1(-0.1)) * policy.headroom
     backlog = q / max(slack, 1e-3)
     d = policy.decide(slack, q, 0.0)
     _check_common(profile, d, q, stat)
-    best, _ = _backlog_reference(profile, slack, q, stat, max(measured, backlog) / max(workers, 1))
-    at_rate, drop_below = _backlog_reference(profile, slack, q, stat, measured / max(workers, 1))
+    w = max(workers, 1)
+    best = None
+    if backlog > measured:
+        best, _ = _backlog_reference(profile, slack, q, stat, backlog / w)
+        ratio = min(st_.stat(stat) / st_.mean_s for s in profile.subnets for st_ in s.latency.values())
+        if best is None and ratio > 1.0:
+            best, _ = _backlog_reference(profile, slack * ratio, q, stat, backlog / w)
+    at_rate, drop_below = _backlog_reference(profile, slack, q, stat, measured / w)
+    if at_rate is not None:  # the free margin: a smaller batch as accurate that fits slack / batch_margin
+        margin, _ = _backlog_reference(profile, slack / policy.batch_margin, q, stat, measured / w)
+        if margin is not None and margin[2] >= at_rate[2]:
+            at_rate = margin
     best = best or at_rate  # nothing sustainable at the backlog's demand fits: what the measured rate sustains
     assert policy.min_latency(q) == pytest.approx(drop_below, rel=1e-12)
     if best is None:
         assert not d.fits
     else:
-        assert d.fits and _triple(d) == best[:3]
+        assert _triple(d) == best[:3] and d.fits == (d.latency_s <= slack)
+
+
+def _stream(policy, rate, t0, t1):
+    """Feed ``policy`` one arrival every ``1 / rate`` seconds from ``t0`` to ``t1``."""
+    n = round((t1 - t0) * rate)
+    for i in range(1, n + 1):
+        policy.observe_arrivals(t0 + i / rate, 1)
 
 
 def test_backlog_aware_slackfit_by_hand_on_a40():
@@ -187,8 +207,8 @@ def test_backlog_aware_slackfit_by_hand_on_a40():
     paper = SlackFit(p, latency_stat="mean", backlog_aware=False)
     sf = SlackFit(p, latency_stat="mean", num_workers=4, headroom=1.1)
     assert (paper.decide(0.020, 40, 0.1).subnet_id, paper.decide(0.020, 40, 0.1).batch_size) == (3, 32)
-    sf.observe_arrivals(0.1, 400)  # 400 arrivals / 0.05 s time constant = 8000 req/s
-    assert sf.arrival_rate() == pytest.approx(8000.0)
+    _stream(sf, 8000.0, 0.0, 0.1)  # steady arrivals: the bias-corrected estimate is the rate from the start
+    assert sf.arrival_rate() == pytest.approx(8000.0, rel=0.01)
     d = sf.decide(0.020, 40, 0.1)
     assert (d.subnet_id, d.batch_size, d.fits) == (0, 32, True)
     assert sf.min_latency(40) == pytest.approx(p.latency(0, 16))
@@ -197,13 +217,13 @@ def test_backlog_aware_slackfit_by_hand_on_a40():
     d = sf.decide(0.036, 3, 0.1)
     assert (d.subnet_id, d.batch_size) == (5, 3)
     # The estimate decays with time constant rate_window_s: 0.1 s later, e^-2 of it.
-    assert sf.arrival_rate(0.2) == pytest.approx(8000.0 * math.exp(-2.0))
+    assert sf.arrival_rate(0.2) == pytest.approx(sf.arrival_rate() * math.exp(-2.0))
     # 3640 q/s on 4 workers: 1001 req/s each with headroom 1.1. Subnet 0 at batch 4 (1085/s, 3.69 ms) sustains it and
     # is the fastest; with half the workers 1.5x slower (capacity scale 5/6) each must serve 1201/s and the fastest
     # sustainable choice is subnet 0 at batch 8 (2094/s, 3.82 ms).
     sf.reset()
     assert sf.arrival_rate() == 0.0
-    sf.observe_arrivals(0.0, 182)
+    _stream(sf, 3640.0, 0.0, 0.1)
     assert sf.min_latency(40) == pytest.approx(p.latency(0, 4))
     sf.set_capacity_scale(5 / 6)
     assert sf.min_latency(40) == pytest.approx(p.latency(0, 8))
@@ -340,3 +360,36 @@ def test_gearplan_from_profile_orders_gears_by_load():
     assert g.gears[0][1] == 5 and g.gears[-1][0] == math.inf
     # Capacity by hand: subnet 5 at batch 8 (12.38 ms <= 18 ms): 0.8 * 8 * 8 / 0.012379 = 4136 req/s >= 2000.
     assert g.gears[0][1] == 5 and g.gears[2][1] != 5
+
+
+def test_arrival_rate_is_bias_corrected_from_the_first_arrival():
+    """A decaying count that starts at zero reads light load for its first windows; the estimate divides by the part
+    of a window seen since the first arrival, so a steady stream reads its rate after a fraction of a window."""
+    policy = SlackFit(datasets.superserve_a40_profile(), num_workers=4)
+    _stream(policy, 8000.0, 1.0, 1.01)  # 80 arrivals in 10 ms, a fifth of the 50 ms window
+    uncorrected = 80 / policy.rate_window_s * (1 - math.exp(-0.2))  # what the count alone says: ~0.18 x 8000
+    assert policy.arrival_rate() == pytest.approx(8000.0, rel=0.1)
+    assert uncorrected < 0.25 * 8000.0
+    policy.reset()
+    assert policy.arrival_rate() == 0.0
+    _stream(policy, 8000.0, 5.0, 5.01)  # reset forgets the first arrival too
+    assert policy.arrival_rate() == pytest.approx(8000.0, rel=0.1)
+
+
+def test_batch_margin_costs_no_accuracy_and_is_validated():
+    """At the measured rate, a smaller batch of an as-accurate subnet that fits slack / batch_margin is preferred; a
+    margin that would need a less accurate subnet is not taken. Bad values are refused naming the argument."""
+    p = datasets.superserve_a40_profile()
+    tight = SlackFit(p, latency_stat="mean", num_workers=4)
+    loose = SlackFit(p, latency_stat="mean", num_workers=4, batch_margin=1.0)
+    for policy in (tight, loose):  # 2000 q/s on 4 workers: 500/s each; subnet 5 sustains it from batch 8 (646/s)
+        _stream(policy, 2000.0, 0.0, 0.1)
+    # 20 queued, 25 ms: subnet 5 at 16 (20.5 ms) fits; 25 / 1.4 = 17.9 ms fits subnet 5 at 8 (12.4 ms), which keeps up.
+    assert (loose.decide(0.025, 20, 0.1).subnet_id, loose.decide(0.025, 20, 0.1).batch_size) == (5, 16)
+    assert (tight.decide(0.025, 20, 0.1).subnet_id, tight.decide(0.025, 20, 0.1).batch_size) == (5, 8)
+    # 8 queued, 14 ms: subnet 5 at 8 (12.4 ms) fits; 14 / 1.4 = 10 ms would need batch 4 (489/s: too slow) or a less
+    # accurate subnet, so the margin is not taken.
+    assert (tight.decide(0.014, 8, 0.1).subnet_id, tight.decide(0.014, 8, 0.1).batch_size) == (5, 8)
+    for bad in (0.5, float("nan"), True, "2"):
+        with pytest.raises(InvalidRequestError, match="batch_margin"):
+            SlackFit(p, batch_margin=bad)
