@@ -9,6 +9,8 @@ Main pieces:
 - Policies: :class:`SlackFit`, :class:`MaxAcc`, :class:`MaxBatch`, :class:`Fixed` (Clipper+), :class:`MinCost`
   (INFaaS), :class:`GearPlan` (CascadeServe); ``latency_stat="p99"`` gives the tail-aware variant (Orloj).
 - :func:`make_policy` / :func:`register_policy`: policies by name (one table for the CLI, the demo, HTTP and Ray).
+- :class:`IterationFit`, :class:`DecodeScheduler`, :func:`simulate_decode`: iteration-level (continuous) batching of
+  LLM generations with a time-per-output-token target, one subnet (e.g. FFN width) per iteration.
 - :class:`EDFQueue`: earliest-deadline-first queue with the drop rule.
 - :func:`dispatch_step`: the one drop/decide/pop step every scheduler here runs (live, simulated, Ray router).
 - :func:`plan_batch`: the same step for a batch a serving framework already formed (Ray ``@serve.batch``, Triton).
@@ -21,6 +23,7 @@ Main pieces:
 
 from . import datasets, traces
 from .batcher import BatchPlan, plan_batch
+from .decode import DecodeScheduler, DecodeStep, DecodeSummary, Prefill, SequenceRecord, simulate_decode
 from .dispatch import Step, dispatch_step
 from .edf import EDFQueue
 from .errors import (
@@ -39,7 +42,7 @@ from .errors import (
 from .gearplan import GearPlan
 from .latency_model import LatencyModel
 from .metrics import DecisionRecord, MetricsSummary, OutcomeRecord
-from .policies import Decision, Fixed, MaxAcc, MaxBatch, MinCost, Policy
+from .policies import Decision, Fixed, IterationFit, MaxAcc, MaxBatch, MinCost, Policy
 from .profile import LatencyStats, Profile, PropertyReport, PropertyViolation, Subnet, synthetic_profile
 from .registry import make_policy, policy_names, register_policy
 from .scheduler import Scheduler
@@ -51,12 +54,16 @@ __all__ = [
     "DeadlineMissedError",
     "Decision",
     "DecisionRecord",
+    "DecodeScheduler",
+    "DecodeStep",
+    "DecodeSummary",
     "EDFQueue",
     "Fixed",
     "GearPlan",
     "Interference",
     "InvalidProfileError",
     "InvalidRequestError",
+    "IterationFit",
     "LatencyModel",
     "LatencyStats",
     "MaxAcc",
@@ -66,6 +73,7 @@ __all__ = [
     "NoWorkersError",
     "OutcomeRecord",
     "Policy",
+    "Prefill",
     "Profile",
     "ProfilePropertyWarning",
     "PropertyReport",
@@ -74,6 +82,7 @@ __all__ = [
     "Scheduler",
     "SchedulerClosedError",
     "SchedulingError",
+    "SequenceRecord",
     "SimConfig",
     "SimResult",
     "SlackFit",
@@ -89,6 +98,7 @@ __all__ = [
     "policy_names",
     "register_policy",
     "simulate",
+    "simulate_decode",
     "synthetic_profile",
     "traces",
 ]

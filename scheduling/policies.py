@@ -18,6 +18,7 @@ Conventions shared by every policy in this package:
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
@@ -30,6 +31,7 @@ __all__ = [
     "Choice",
     "Decision",
     "Fixed",
+    "IterationFit",
     "MaxAcc",
     "MaxBatch",
     "MinCost",
@@ -356,3 +358,90 @@ class MinCost(Fixed):
 
     def __repr__(self) -> str:
         return f"MinCost(subnet_id={self.subnet_id!r}, latency_stat={self.latency_stat!r})"
+
+
+class IterationFit(Policy):
+    """For iteration-level batching (an LLM's decode steps): the whole batch runs together, so only the subnet is
+    chosen. The most accurate subnet whose latency at the batch's profiled size (the smallest profiled batch size
+    ``>= queue_len``) fits the slack; when none fits, the fastest at that size (``fits=False``).
+
+    The other policies may take fewer requests than are queued (a smaller batch that fits); a decode step cannot
+    leave a running sequence behind, so here ``Decision.batch_size`` is always ``queue_len`` (issue 24).
+
+    Args:
+        profile: The latency/accuracy profile; its batch sizes count what one iteration processes (running
+            sequences for a decode step, prompt tokens for a prefill).
+        subnet_ids: Restrict the choice to these subnets (default: all). One id gives a fixed subnet (a fixed FFN
+            width), the baseline an elastic loop is compared with.
+        latency_stat: ``"mean"`` (default) or ``"p99"``. See :class:`Policy`.
+
+    Raises:
+        UnknownSubnetError: a ``subnet_ids`` entry is not in the profile.
+        InvalidRequestError: ``subnet_ids`` is empty.
+
+    Example::
+
+        >>> from scheduling import IterationFit, LatencyStats, Profile, Subnet
+        >>> steps = Profile([Subnet("ffn0.5", 0.5, {1: LatencyStats(0.010), 8: LatencyStats(0.020)}),
+        ...                  Subnet("ffn1.0", 1.0, {1: LatencyStats(0.015), 8: LatencyStats(0.040)})])
+        >>> policy = IterationFit(steps)
+        >>> policy.decide(0.025, 1, 0.0).subnet_id, policy.decide(0.025, 6, 0.0)[:3]   # 6 running: profiled at 8
+        ('ffn1.0', ('ffn0.5', 6, 8))
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        *,
+        subnet_ids: Sequence[SubnetId] | None = None,
+        latency_stat: LatencyStat = "mean",
+    ) -> None:
+        super().__init__(profile, latency_stat=latency_stat, queue_aware=True)
+        if subnet_ids is not None:
+            subnet_ids = list(subnet_ids)
+            if not subnet_ids:
+                raise InvalidRequestError(f"subnet_ids must name at least one subnet of {list(profile.ids)!r}, got []")
+            for s in subnet_ids:
+                profile.index_of(s)  # raises UnknownSubnetError with the known ids
+        self.subnet_ids = None if subnet_ids is None else tuple(subnet_ids)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        ids = None if self.subnet_ids is None else set(self.subnet_ids)
+        own: dict[SubnetId, dict[int, Choice]] = {}
+        for c in self._all:
+            if ids is None or c.subnet_id in ids:
+                own.setdefault(c.subnet_id, {})[c.batch] = c
+        # Class k: batches of up to batch_sizes[k]; each subnet is charged its smallest profiled size that holds the
+        # whole batch (a padded batch), and a subnet profiled only below it cannot run it.
+        tables: list[PrefixBest | None] = []
+        for b in self._batch_sizes:
+            cs = [sizes[min(x for x in sizes if x >= b)] for sizes in own.values() if max(sizes) >= b]
+            tables.append(PrefixBest(cs, lambda c: (c.accuracy, -c.latency)) if cs else None)
+        self._tables = tables
+        self._largest = max(max(sizes) for sizes in own.values())
+
+    @property
+    def largest_batch(self) -> int:
+        """The largest batch these subnets can run (the largest size profiled for any of them)."""
+        return self._largest
+
+    def decide(self, slack_s: float, queue_len: int, now: float) -> Decision:
+        self._check_args(slack_s, queue_len)
+        if queue_len > self._largest:
+            raise InvalidRequestError(
+                f"queue_len {queue_len!r} exceeds the largest batch size profiled for these subnets, {self._largest}: "
+                f"the whole batch runs together, so profile up to the largest batch the host forms"
+            )
+        t = self._tables[self._k(queue_len)]
+        c = t.query(slack_s) or t.fastest
+        return Decision(c.subnet_id, queue_len, c.batch, c.latency, c.accuracy, c.latency <= slack_s)
+
+    def min_latency(self, queue_len: int) -> float:
+        """The fastest latency of a batch of ``queue_len`` (``inf`` above the largest profiled batch size)."""
+        if queue_len > self._largest:
+            return math.inf
+        return self._tables[self._k(max(queue_len, 1))].fastest.latency
+
+    def __repr__(self) -> str:
+        return f"IterationFit(subnet_ids={self.subnet_ids!r}, latency_stat={self.latency_stat!r})"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from . import unregistered  # noqa: F401  (registers the adapter for Hugging Face classes of no family)
 from .adapter import active_heads, active_neurons, register_family
+from .decode_engine import ElasticDecodeEngine
 from .decoder_reorder import DecoderReorderResult, reorder_decoder
 from .decoders import GEMMA, GEMMA2, GPT2, LLAMA, MISTRAL, OPT, PHI3, QWEN2, QWEN3, DecoderFamily, register_decoder
 from .families import (
@@ -96,6 +97,7 @@ __all__ = [
     "XLM_ROBERTA",
     "DecoderFamily",
     "DecoderReorderResult",
+    "ElasticDecodeEngine",
     "ReorderResult",
     "TransformerFamily",
     "active_heads",

@@ -214,6 +214,8 @@ class Router:
         lease_s: float = 3.0,
         orphan_ttl_s: float = 60.0,
     ) -> None:
+        _check_seconds("lease_s", lease_s)
+        _check_seconds("orphan_ttl_s", orphan_ttl_s)
         self.spec = spec
         self.deadline_grace_s = float(deadline_grace_s)
         self.lease_s = float(lease_s)
@@ -616,6 +618,11 @@ def model_key(spec: ModelSpec, profile: Profile) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _check_seconds(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{name}={value!r} must be a number of seconds > 0")
+
+
 def _replica_rank() -> tuple[int, int]:
     """(rank, number of replicas) of the Serve replica this runs in; (0, 1) outside one."""
     try:
@@ -653,6 +660,7 @@ def build_app(
     for name, value in (("num_routers", num_routers), ("num_workers", num_workers)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}={value!r} must be an int >= 1")
+    _check_seconds("lease_s", lease_s)
     if num_workers < num_routers:
         raise ConfigError(
             f"num_workers={num_workers!r} must be >= num_routers={num_routers!r}: a router without a worker "

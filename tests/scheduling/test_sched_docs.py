@@ -10,6 +10,7 @@ import pytest
 DOC = Path(__file__).resolve().parents[2] / "docs" / "scheduling.md"
 MODULES = [
     "batcher",
+    "decode",
     "dispatch",
     "edf",
     "gearplan",

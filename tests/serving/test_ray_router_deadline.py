@@ -120,3 +120,22 @@ def test_model_key_tells_models_apart(tmp_path):
     assert ray_serve.model_key(spec, Profile.from_dict(d)) != key  # another profile: other subnets to serve
     ckpt.write_bytes(b"weights v2, retrained")  # the same path rewritten
     assert ray_serve.model_key(spec, PROFILE) != key
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"num_routers": 0}, "num_routers=0 must be an int >= 1"),
+        ({"num_routers": 2, "num_workers": 1}, "num_workers=1 must be >= num_routers=2"),
+        ({"num_workers": True}, "num_workers=True must be an int >= 1"),
+        ({"lease_s": 0}, "lease_s=0 must be a number of seconds > 0"),
+        ({"lease_s": float("nan")}, "lease_s=nan must be"),
+    ],
+)
+def test_build_app_refuses_bad_router_and_lease_settings(kwargs, match):
+    from subnetact.errors import ConfigError
+
+    spec = ModelSpec("unused.safetensors", "unused:factory", PROFILE, (1, 8, 8))
+    with pytest.raises(ConfigError, match=match) as info:
+        ray_serve.build_app(spec, **kwargs)
+    assert isinstance(info.value, ValueError)
