@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import platform
 import statistics
+import sys
+import sysconfig
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 
@@ -69,3 +74,37 @@ def cache_peak_bytes(model: torch.nn.Module, subnets: list, budget_mb: float | N
                 peak = max(peak, model.weight_cache_info().used_bytes)
     model.set_weight_cache(None)
     return peak
+
+
+def stdlib_docstrings(heldout_percent: int) -> tuple[Iterator[tuple[bool, str]], dict]:
+    """The docstrings of the running interpreter's standard library (modules, classes, functions; files parsed
+    with ``ast``, never imported; tests, idlelib and site-packages left out), as ``(held_out, docstring)`` in file
+    order, and a description of the source. A file is held out if ``sha256(relative path) % 100 <
+    heldout_percent``, so a training set and a held-out set built from them share no file."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    source = {
+        "source": "docstrings of the Python standard library (ast.get_docstring of modules, classes, functions)",
+        "python": sys.version.split()[0],
+        "stdlib": str(root),
+        "split": f"by file: sha256(relative path) % 100 < {heldout_percent} -> held-out",
+        "files": 0,
+    }
+
+    def walk() -> Iterator[tuple[bool, str]]:
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel.startswith(("site-packages", "test/", "idlelib/", "lib2to3/tests")) or "/test" in rel:
+                continue
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (SyntaxError, UnicodeDecodeError, ValueError):
+                continue
+            source["files"] += 1
+            held = int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100 < heldout_percent
+            for node in ast.walk(tree):
+                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    doc = ast.get_docstring(node)
+                    if doc:
+                        yield held, doc
+
+    return walk(), source

@@ -198,7 +198,7 @@ def real(args: argparse.Namespace) -> None:
     for ids in loops:
         sched = scheduling.DecodeScheduler(steps, fill, tpot_s=args.tpot, ttft_s=args.ttft, max_batch=args.max_batch,
                                            subnet_ids=ids, latency_stat=args.stat, headroom=args.headroom,
-                                           rate_window_s=args.rate_window)  # fmt: skip
+                                           rate_window_s=args.rate_window, adaptive=args.adaptive)  # fmt: skip
         engine = ElasticDecodeEngine(model, sched)
         start = engine.now()
         for t, p in zip(arrivals, prompts, strict=True):
@@ -239,6 +239,7 @@ def main() -> None:
             s.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
             s.add_argument("--threads", type=int, default=1)
             s.add_argument("--real-fixed", type=float, nargs="*", default=[1.0], help="fixed widths to run too")
+            s.add_argument("--adaptive", action="store_true", help="DecodeScheduler(adaptive=True)")
     args = p.parse_args()
     {"measure": measure, "simulate": simulate, "real": real}[args.cmd](args)
 

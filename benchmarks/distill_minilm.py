@@ -20,16 +20,14 @@ and the trained supernet (``subnetact.save``) under ``--out``.
 from __future__ import annotations
 
 import argparse
-import ast
-import hashlib
 import importlib.util
 import json
+import math
 import os
 import random
 import re
 import shlex
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
@@ -37,6 +35,9 @@ import torch
 
 import subnetact
 from subnetact.train import Fixed, Sandwich, distill, evaluate
+from subnetact.train.losses import mean_pool, token_mask
+
+from _common import stdlib_docstrings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 WORD = re.compile(r"[A-Za-z]+")
@@ -51,51 +52,49 @@ def model_dir() -> Path:
 
 def stdlib_sentences(heldout_percent: int) -> tuple[list[str], list[str], dict]:
     """(train, held-out) English sentences from the standard library's docstrings, split by file."""
-    root = Path(sysconfig.get_paths()["stdlib"])
     train, held = [], []
     seen: set[str] = set()
-    files = 0
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel.startswith(("site-packages", "test/", "idlelib/", "lib2to3/tests")) or "/test" in rel:
-            continue
-        try:
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-        except (SyntaxError, UnicodeDecodeError, ValueError):
-            continue
-        files += 1
-        bucket = held if int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100 < heldout_percent else train
-        for node in ast.walk(tree):
-            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue
-            doc = ast.get_docstring(node)
-            if not doc:
-                continue
-            for paragraph in re.split(r"\n\s*\n", doc):
-                lines = paragraph.strip().splitlines()
-                if not lines or any(
-                    line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines
-                ):
-                    continue  # doctests, tables, bullet lists, field lists
-                text = " ".join(line.strip() for line in lines)
-                for sentence in SENTENCE_END.split(text):
-                    words = sentence.split()
-                    if not 6 <= len(words) <= 40 or not sentence.endswith("."):
-                        continue
-                    if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
-                        continue  # mostly code or symbols
-                    if sentence in seen:
-                        continue
-                    seen.add(sentence)
-                    bucket.append(sentence)
-    source = {
-        "source": "docstrings of the Python standard library (ast.get_docstring of modules, classes, functions)",
-        "python": sys.version.split()[0],
-        "stdlib": str(root),
-        "files": files,
-        "split": f"by file: sha256(relative path) % 100 < {heldout_percent} -> held-out; sentences deduplicated",
-    }
+    docstrings, source = stdlib_docstrings(heldout_percent)
+    for is_held, doc in docstrings:
+        bucket = held if is_held else train
+        for paragraph in re.split(r"\n\s*\n", doc):
+            lines = paragraph.strip().splitlines()
+            if not lines or any(line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines):
+                continue  # doctests, tables, bullet lists, field lists
+            text = " ".join(line.strip() for line in lines)
+            for sentence in SENTENCE_END.split(text):
+                words = sentence.split()
+                if not 6 <= len(words) <= 40 or not sentence.endswith("."):
+                    continue
+                if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
+                    continue  # mostly code or symbols
+                if sentence in seen:
+                    continue
+                seen.add(sentence)
+                bucket.append(sentence)
+    source["split"] += "; sentences deduplicated"
     return train, held, source
+
+
+def layer_loss(layer_weight: float):
+    """1 - cosine of the mean-pooled embeddings, plus ``layer_weight`` x the mean over the student's layers of the
+    relative MSE of its output to the teacher's at the same fraction of depth (TinyBERT's uniform mapping: layer
+    ``k`` of ``D`` against the teacher's ``ceil(k * L / D)``)."""
+
+    def loss(student, teacher, batch):
+        s, t = student["last_hidden_state"], teacher["last_hidden_state"]
+        mask = token_mask(batch, s.shape)
+        cosine = torch.nn.functional.cosine_similarity(mean_pool(s, mask), mean_pool(t, mask), dim=-1).mean()
+        hs, ht = student["hidden_states"], teacher["hidden_states"]  # embeddings, then each layer run: (N, T, H)
+        depth, layers = len(hs) - 1, len(ht) - 1
+        m = mask.unsqueeze(-1).to(s.dtype)
+        per_layer = 0.0
+        for k in range(1, depth + 1):
+            target = ht[math.ceil(k * layers / depth)]
+            per_layer = per_layer + ((hs[k] - target).square() * m).sum() / ((target.square() * m).sum() + 1e-9)
+        return 1.0 - cosine + layer_weight * per_layer / depth
+
+    return loss
 
 
 def main() -> None:
@@ -113,6 +112,11 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=640, help="held-out sentences evaluated")
     parser.add_argument("--heldout-percent", type=int, default=15, help="%% of stdlib files held out")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loss", choices=["embedding", "layers"], default="embedding")
+    parser.add_argument("--layer-weight", type=float, default=1.0, help="weight of the per-layer hidden-state loss")
+    parser.add_argument("--full-weight", type=float, default=1.0, help="loss weight of the full model")
+    parser.add_argument("--train-max-length", type=int, default=None)
+    parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--out", type=Path, default=Path("minilm-run"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -135,8 +139,8 @@ def main() -> None:
     )
     model.eval()
 
-    def encode(sents: list[str]) -> dict[str, torch.Tensor]:
-        enc = tokenizer(sents, padding=True, truncation=True, max_length=args.max_length, return_tensors="pt")
+    def encode(sents: list[str], max_length: int = args.max_length) -> dict[str, torch.Tensor]:
+        enc = tokenizer(sents, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     bs = args.batch_size
@@ -147,7 +151,12 @@ def main() -> None:
     order = []
     for i in range(0, len(train_sents), chunk):
         order += sorted(range(i, min(i + chunk, len(train_sents))), key=lambda j: lengths[j])
-    train_batches = [encode([train_sents[j] for j in order[i : i + bs]]) for i in range(0, len(order) - bs + 1, bs)]
+    train_len = args.train_max_length or args.max_length
+    train_batches = [
+        encode([train_sents[j] for j in order[i : i + bs]], train_len) for i in range(0, len(order) - bs + 1, bs)
+    ]
+    if args.loss == "layers":
+        train_batches = [{**b, "output_hidden_states": True} for b in train_batches]
     random.Random(args.seed + 2).shuffle(train_batches)
     held_batches = [encode(held_sents[i : i + 64]) for i in range(0, len(held_sents), 64)]
 
@@ -179,19 +188,32 @@ def main() -> None:
         reordered = None
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    schedule = Fixed(tuple(served)) if args.schedule == "served" else Sandwich(num_random=2)
+    weights = (args.full_weight, 1.0, 1.0, 1.0)
+    schedule = Fixed(tuple(served), weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
     budget = args.cpu_minutes * 60.0
     train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
     log: list[dict] = []
+    curve: list[dict] = []
+    eval_cpu = 0.0  # the --eval-every tables: not part of the budget
+
+    def spent() -> float:
+        return time.process_time() - train_cpu0 - eval_cpu
+
     # The learning rate warms up linearly, then decays linearly to 0 with the CPU budget spent (the number of steps
     # a budget buys is not known in advance on a shared machine).
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - (time.process_time() - train_cpu0) / budget),
+        optimizer, lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - spent() / budget)
     )
 
     def on_step(step: int, result) -> bool:
-        used = time.process_time() - train_cpu0
+        nonlocal eval_cpu
+        if args.eval_every and step % args.eval_every == 0:
+            curve.append({"step": step, "cpu_s": spent()})
+            t = time.process_time()
+            curve[-1]["cosine"] = table()
+            eval_cpu += time.process_time() - t
+            print(f"eval step {step}: " + "  ".join(f"{v:.4f}" for v in curve[-1]["cosine"]), flush=True)
+        used = spent()
         if args.wall_minutes is not None and time.perf_counter() - train_wall0 > 60 * args.wall_minutes:
             return True
         if step % 20 == 0:
@@ -206,14 +228,14 @@ def main() -> None:
         optimizer,
         steps=100_000,  # stopped by the CPU budget
         teacher=args.teacher,
-        loss="embedding",
+        loss=layer_loss(args.layer_weight) if args.loss == "layers" else "embedding",
         schedule=schedule,
         reorder=False,  # done above, so the table has a row for it
         lr_scheduler=lr_schedule,
         seed=args.seed,
         on_step=on_step,
     )
-    train_cpu = time.process_time() - train_cpu0
+    train_cpu = spent()
     train_wall = time.perf_counter() - train_wall0
     after = table()
     print(
@@ -257,6 +279,8 @@ def main() -> None:
             }
             for i, (n, c) in enumerate(zip(names, served))
         ],
+        "curve": curve,
+        "eval_cpu_minutes": eval_cpu / 60,
         "log": log,
     }
     (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from .errors import InvalidRequestError
+from .latency_model import LatencyModel
 from .policies import Decision, IterationFit
 from .profile import LatencyStat, Profile, SubnetId
 
@@ -164,6 +165,9 @@ class DecodeScheduler:
             the demand are chosen (at least the fastest), as SlackFit keeps to sustainable choices. Default 1.0:
             keep up on average; more keeps spare capacity for bursts at the cost of width (measured in
             ``docs/llm.md``).
+        adaptive: Correct the profiles online from the iteration times the host reports (:meth:`record`), with a
+            :class:`~scheduling.LatencyModel` per profile; for wall-clock runs (default ``False``: plan with the
+            profiles as given, exact for a simulation from them).
 
     Raises:
         InvalidRequestError: a target, ``rate_window_s`` or ``headroom`` is not a positive number, ``max_batch``
@@ -199,6 +203,7 @@ class DecodeScheduler:
         latency_stat: LatencyStat = "mean",
         rate_window_s: float | None = None,
         headroom: float = 1.0,
+        adaptive: bool = False,
     ) -> None:
         self.tpot_s = _positive("tpot_s", tpot_s)
         self.ttft_s = _positive("ttft_s", ttft_s)
@@ -210,9 +215,7 @@ class DecodeScheduler:
                 f"decode_profile and prefill_profile must list the same subnets, got {list(decode_profile.ids)!r} "
                 f"and {list(prefill_profile.ids)!r}"
             )
-        self.decode_policy = IterationFit(decode_profile, subnet_ids=subnet_ids, latency_stat=latency_stat)
-        self.prefill_policy = IterationFit(prefill_profile, subnet_ids=subnet_ids, latency_stat=latency_stat)
-        largest = self.decode_policy.largest_batch
+        largest = IterationFit(decode_profile, subnet_ids=subnet_ids).largest_batch
         if max_batch is None:
             max_batch = largest
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= largest:
@@ -220,25 +223,14 @@ class DecodeScheduler:
                 f"max_batch must be an int in 1..{largest} (the largest decode batch profiled), got {max_batch!r}"
             )
         self.max_batch = max_batch
-        # The largest batch whose fastest step keeps one token per tpot: admission never grows the batch beyond it
-        # (at least 1: an idle engine always admits one sequence).
-        fits = [b for b in range(1, max_batch + 1) if self.decode_policy.min_latency(b) <= self.tpot_s]
-        self.sustainable_batch = max(fits, default=1)
-        self.max_prompt_tokens = self.prefill_policy.largest_batch
         self.rate_window_s = self.ttft_s if rate_window_s is None else _positive("rate_window_s", rate_window_s)
         if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not 0 < headroom < math.inf:
             raise InvalidRequestError(f"headroom must be a finite number > 0, got {headroom!r}")
         self.headroom = float(headroom)
-        # Token throughput of each subnet at the sustainable batch, fastest first: the subnets that keep up with a
-        # demand are a prefix of this order (SlackFit's sustainable choices, one table per prefix).
-        ids = self.decode_policy.subnet_ids or decode_profile.ids
-        batch = self.sustainable_batch
-        cap = {i: batch / IterationFit(decode_profile, subnet_ids=[i], latency_stat=latency_stat).min_latency(batch)
-               for i in ids}  # fmt: skip
-        self._by_capacity = sorted(ids, key=lambda i: -cap[i])
-        self._capacity = [cap[i] for i in self._by_capacity]
-        self._levels: dict[int, tuple[IterationFit, IterationFit]] = {}
-        self._profiles = (decode_profile, prefill_profile, latency_stat)
+        self._subnet_ids, self._stat = subnet_ids, latency_stat
+        self._plan(decode_profile, prefill_profile)
+        # Adaptive planning: the measured iteration times correct the profiles online (issue 12's LatencyModel).
+        self.latency_models = (LatencyModel(decode_profile), LatencyModel(prefill_profile)) if adaptive else None
         self._rate = self._rate_t = 0.0  # output tokens asked per second (decayed count), as of _rate_t
         self._counted = 0  # sequences whose arrival the rate has seen
         self._accuracy = {s.id: s.accuracy for s in decode_profile.subnets}
@@ -246,6 +238,46 @@ class DecodeScheduler:
         self._waiting: deque[int] = deque()  # submitted, not admitted, in arrival order
         self._running: list[int] = []
         self._decode_steps = self._prefills = 0
+
+    def _plan(self, decode_profile: Profile, prefill_profile: Profile) -> None:
+        """Build the policies and the tables derived from the profiles (at start and after each re-plan)."""
+        subnet_ids, stat = self._subnet_ids, self._stat
+        self.decode_policy = IterationFit(decode_profile, subnet_ids=subnet_ids, latency_stat=stat)
+        self.prefill_policy = IterationFit(prefill_profile, subnet_ids=subnet_ids, latency_stat=stat)
+        # The largest batch whose fastest step keeps one token per tpot: admission never grows the batch beyond it
+        # (at least 1: an idle engine always admits one sequence).
+        fits = [b for b in range(1, self.max_batch + 1) if self.decode_policy.min_latency(b) <= self.tpot_s]
+        self.sustainable_batch = max(fits, default=1)
+        self.max_prompt_tokens = self.prefill_policy.largest_batch
+        # Token throughput of each subnet at the sustainable batch, fastest first: the subnets that keep up with a
+        # demand are a prefix of this order (SlackFit's sustainable choices, one table per prefix).
+        ids = self.decode_policy.subnet_ids or decode_profile.ids
+        batch = self.sustainable_batch
+        cap = {i: batch / IterationFit(decode_profile, subnet_ids=[i], latency_stat=stat).min_latency(batch)
+               for i in ids}  # fmt: skip
+        self._by_capacity = sorted(ids, key=lambda i: -cap[i])
+        self._capacity = [cap[i] for i in self._by_capacity]
+        self._levels: dict[int, tuple[IterationFit, IterationFit]] = {}
+        self._profiles = (decode_profile, prefill_profile, stat)
+
+    def record(self, plan: Prefill | DecodeStep, service_s: float, now: float) -> bool:
+        """Feed the measured time of a prefill or decode step (``adaptive=True``); returns whether it re-planned.
+
+        The host measures the whole iteration phase (the forward and its own work around it: what the deadlines
+        see). A :class:`~scheduling.LatencyModel` per profile turns the samples into estimates (a common slowdown,
+        per-entry offsets, the live tail for the p99) and, when they have moved, the policies are rebuilt from them.
+        Without ``adaptive`` this is a no-op returning ``False``.
+        """
+        if self.latency_models is None:
+            return False
+        decode = isinstance(plan, DecodeStep)
+        model = self.latency_models[0 if decode else 1]
+        size = len(plan.seq_ids) if decode else plan.tokens
+        if not model.record(0, plan.subnet_id, size, service_s, now):
+            return False
+        decode_model, prefill_model = self.latency_models
+        self._plan(decode_model.refresh(now), prefill_model.refresh(now))
+        return True
 
     # --------------------------------------------------------------- sequences
     def submit(self, prompt_tokens: int, max_new_tokens: int, *, arrival_s: float) -> int:

@@ -8,7 +8,9 @@
    trace of held-out digits (:func:`subnetact.digits.test_set`: rotated, scaled, shifted and noisy views of the test
    split, disjoint from the training and validation images), each request with the same SLO. ``trials`` (3) traces
    (seeds ``seed``, ``seed + 1``, ...) are replayed, every policy on each trial before the next trial starts, so a
-   change in how busy the machine is affects all policies alike.
+   change in how busy the machine is affects all policies alike; each trial starts one policy later than the one
+   before (no policy always runs first), and each run starts after a full garbage collection with the survivors
+   frozen (a collection of the whole process inside a run stalls it, whichever policy runs).
 4. Print, per policy, the mean over the trials of: SLO attainment (with its standard deviation), accuracy against
    the true labels of the requests answered within their SLO and the profile's (validation) accuracy of the subnets
    that answered them, p50/p99 latency of the answered requests and throughput, with a mark on the policies on the
@@ -36,6 +38,7 @@ start) and warns when none does: then no policy needs to trade accuracy for atta
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import random
@@ -271,8 +274,11 @@ def run_demo(
     hogs = _start_background_load(background_load, out)
     try:
         for t, (arrivals, requested) in enumerate(traces_):
+            # Each trial starts one policy later, so no policy always runs first (after profiling, or after the
+            # previous trial's most overloaded run) or always at the same point of the process's life.
+            order = chosen[t % len(chosen) :] + chosen[: t % len(chosen)]
             trial_rows, trial_timelines = _run_policies(
-                chosen, latency_stat, out, f"trial {t + 1}/{trials} ", model, served, prof, x_test, labels,
+                order, latency_stat, out, f"trial {t + 1}/{trials} ", model, served, prof, x_test, labels,
                 arrivals, requested, slo_s, workers,
             )  # fmt: skip
             for row in trial_rows:
@@ -281,10 +287,12 @@ def run_demo(
                 timelines = trial_timelines
     finally:
         _stop_background_load(hogs)
+        gc.unfreeze()
     rows = [combine_trials(runs[name]) for name in chosen]
 
     # -- report ----------------------------------------------------------------------------------------------------
     print("\n" + format_table(rows), file=out)
+    print(format_dominance(rows), file=out)
     settings = {
         "duration_s": duration_s,
         "rate": rate,
@@ -302,7 +310,11 @@ def run_demo(
         "device": prof.metadata.get("device"),
     }
     results_path = out_dir / "results.json"
-    results_path.write_text(json.dumps({"settings": settings, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    dominated = {r.policy: by for r, by in zip(rows, dominated_beyond_noise(rows), strict=True)}
+    results_path.write_text(
+        json.dumps({"settings": settings, "rows": [asdict(r) for r in rows], "dominated_by": dominated}, indent=1)
+        + "\n"
+    )
     plot_path = frontier_path = None
     if plot:
         shown = [n for n in ("slackfit", "mincost", f"fixed:{largest}") if n in timelines] or list(timelines)[:1]
@@ -357,6 +369,12 @@ def _run_policies(
         adaptive = name.endswith(ADAPTIVE)
         policy = make_policy(name.removesuffix(ADAPTIVE), prof, latency_stat=latency_stat)
         latency_model = LatencyModel(prof) if adaptive else None
+        # A full garbage collection inside a run stalls the whole process (submitter and workers): measured 0.5-1.7 s
+        # with torch loaded on a busy 2-core machine, landing on whichever policy was running. Collect now, outside
+        # the timed run, and freeze what survives (the model, the traces, earlier results), so that the collections
+        # a run triggers only scan the objects it made.
+        gc.collect()
+        gc.freeze()
         row, timelines[name] = _run_policy(name, policy, model, *run, latency_model)
         rows.append(row)
         print(
@@ -377,6 +395,65 @@ def frontier(rows: Sequence[PolicyResult]) -> list[bool]:
         )
 
     return [not any(dominates(o, r) for o in rows if o is not r) for r in rows]
+
+
+ATTAINMENT_FLOOR = 0.0005
+"""A difference in SLO attainment counts as beyond noise only if it also exceeds this (as in the simulator's
+dominance grid, ``benchmarks/scheduling/dominance_grid.py``)."""
+ACCURACY_FLOOR = 0.05
+"""The same floor for label accuracy, in percentage points."""
+
+
+def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of the per-trial differences ``a - b`` (trials where either is nan are left out)."""
+    d = [x - y for x, y in zip(a, b) if not (math.isnan(x) or math.isnan(y))]
+    if not d:
+        return math.nan, math.nan
+    return sum(d) / len(d), _std(d) / math.sqrt(len(d))
+
+
+def dominated_beyond_noise(rows: Sequence[PolicyResult]) -> list[list[str]]:
+    """Per row, the policies that dominate it beyond trial-to-trial noise: at least as good on both mean attainment
+    and mean label accuracy, and better on one by more than twice the standard error of the per-trial differences
+    plus a floor (:data:`ATTAINMENT_FLOOR`, :data:`ACCURACY_FLOOR`). The differences are paired: every policy replays
+    the same trace in a trial. The rule is the simulator grid's (its seeds are the demo's trials)."""
+    out = []
+    for r in rows:
+        by = []
+        for o in rows:
+            if o is r or len(o.attainment_trials) != len(r.attainment_trials):
+                continue
+            att, att_se = _paired(o.attainment_trials, r.attainment_trials)
+            acc, acc_se = _paired(o.accuracy_trials, r.accuracy_trials)
+            if math.isnan(att) or math.isnan(acc) or att < 0 or acc < 0:
+                continue
+            if att > 2 * att_se + ATTAINMENT_FLOOR or acc > 2 * acc_se + ACCURACY_FLOOR:
+                by.append(o.policy)
+        out.append(by)
+    return out
+
+
+def format_dominance(rows: Sequence[PolicyResult]) -> str:
+    """One line per row dominated beyond noise (:func:`dominated_beyond_noise`), or one line saying none is. A
+    SlackFit row's line also gives each paired difference (mean ± standard error)."""
+    lines = []
+    for r, by in zip(rows, dominated_beyond_noise(rows), strict=True):
+        if by and r.policy.startswith("slackfit"):
+            parts = []
+            for name in by:
+                o = next(x for x in rows if x.policy == name)
+                att, att_se = _paired(o.attainment_trials, r.attainment_trials)
+                acc, acc_se = _paired(o.accuracy_trials, r.accuracy_trials)
+                parts.append(f"{name} (attainment {att:+.4f} ± {att_se:.4f}, accuracy {acc:+.2f} ± {acc_se:.2f})")
+            lines.append(f"  {r.policy} by {', '.join(parts)}")
+        elif by:
+            lines.append(f"  {r.policy} by {', '.join(by)}")
+    trials = max((len(r.attainment_trials) for r in rows), default=1)
+    head = (
+        f"dominated beyond trial-to-trial noise (paired over {trials} trial(s): better by > 2 standard errors + "
+        f"{ATTAINMENT_FLOOR:g} attainment or {ACCURACY_FLOOR:g} points, no worse on the other):"
+    )
+    return head + ("\n" + "\n".join(lines) if lines else " none")
 
 
 def format_table(rows: Sequence[PolicyResult]) -> str:

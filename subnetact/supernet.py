@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -273,6 +274,21 @@ def to_supernet(model: nn.Module, state: ActuationState) -> None:
     ``state`` (what :func:`~subnetact.state.state_of` returns)."""
     model.__class__ = supernet_class(type(model))
     model._subnetact = state
+    _keep_output_recording(model)
+
+
+def _keep_output_recording(model: nn.Module) -> None:
+    """Keep ``output_hidden_states=True`` / ``output_attentions=True`` working on a converted Hugging Face model.
+
+    transformers (>= 5) records a model's hidden states and attentions with hooks chosen by a registry keyed on the
+    model's class *name*, filled when the model is constructed; the supernet class has a new name, so without an
+    entry of its own the request is silently ignored (no ``hidden_states`` in the outputs).
+    """
+    capturing = sys.modules.get("transformers.utils.output_capturing")  # imported by any transformers model
+    registry = getattr(capturing, "_CAN_RECORD_REGISTRY", None)
+    recordable = getattr(model, "_can_record_outputs", None)
+    if registry is not None and recordable:
+        registry[model] = recordable
 
 
 def from_supernet(model: nn.Module) -> None:

@@ -218,12 +218,19 @@ class ElasticDecodeEngine:
         Returns:
             ``False`` if there was nothing to run now (nothing running, nothing arrived).
         """
-        plan = self.scheduler.plan_prefill(self.now())
+        sched = self.scheduler
+        start = self.now()
+        plan = sched.plan_prefill(start)
         if plan is not None:
             self._prefill(plan)
-        step = self.scheduler.plan_decode(self.now())
+            if not self._simulated:  # the whole phase, as the deadlines see it (adaptive schedulers learn from it)
+                sched.record(plan, self.now() - start, self.now())
+        start = self.now()
+        step = sched.plan_decode(start)
         if step is not None:
             self._decode(step)
+            if not self._simulated:
+                sched.record(step, self.now() - start, self.now())
         return plan is not None or step is not None
 
     def run(self) -> None:

@@ -39,7 +39,8 @@ larger is refused with 413 before parsing.
   (``{"ready": false, "reason": ...}``; readiness; see :class:`~subnetact.serving.PlanGuard`, which also probes the
   backend until its plan recovers).
 - ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
-- ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length.
+- ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length, and
+  what the backend plans with now (``"plan"``: :meth:`~subnetact.serving.PlanGuard.snapshot`).
 """
 
 from __future__ import annotations
@@ -362,7 +363,11 @@ class ServingApp:
     async def _stats(self, request):
         return self._json(
             200,
-            {"latency": self.metrics.window.percentiles(50, 90, 99), "queue_len": self.backend.queue_len()},
+            {
+                "latency": self.metrics.window.percentiles(50, 90, 99),
+                "queue_len": self.backend.queue_len(),
+                "plan": self.plan_guard.snapshot(),
+            },
         )
 
     @contextlib.asynccontextmanager

@@ -129,6 +129,35 @@ class PlanGuard:
             f"{1e3 * self.budget_s:g} ms (ready at <= 1/{HEADROOM:g} of it): {verdict}"
         )
 
+    def snapshot(self) -> dict[str, Any]:
+        """What the backend plans with now, as JSON-ready values (``GET /stats`` shows it under ``"plan"``).
+
+        Keys: ``feasible``, ``fastest_planned_ms`` (``None`` when the backend does not say), ``budget_ms``,
+        ``probes`` (sent so far); with a latency model also ``batches_timed``, ``batches_rejected``,
+        ``worker_factors`` (per worker: how many times slower than the profile it runs now) and ``tail`` (the live
+        98th-percentile ratio of a batch's time to its estimated mean, of the most spread-out worker); with a policy
+        that measures the load, ``arrival_rate`` (requests/s, as the policy last measured it).
+        """
+        status = self.check()
+        out: dict[str, Any] = {
+            "feasible": status.feasible,
+            "fastest_planned_ms": None if math.isnan(status.fastest_s) else round(1e3 * status.fastest_s, 3),
+            "budget_ms": round(1e3 * self.budget_s, 3),
+            "probes": self.probes,
+        }
+        model = getattr(self.backend, "latency_model", None)
+        if model is not None:
+            scheduler = getattr(self.backend, "scheduler", None)
+            workers = scheduler.workers if scheduler is not None else []
+            out["batches_timed"] = model.observed
+            out["batches_rejected"] = model.rejected
+            out["worker_factors"] = {str(w): round(model.worker_factor(w), 4) for w in workers}
+            out["tail"] = round(model.tail(), 4)
+        arrival_rate = getattr(getattr(self.backend, "policy", None), "arrival_rate", None)
+        if arrival_rate is not None:
+            out["arrival_rate"] = round(arrival_rate(time.monotonic()), 1)  # the scheduler's clock
+        return out
+
     async def run(self) -> None:
         """Log the plan, then check it every ``interval_s`` until cancelled: log feasibility changes, probe while
         infeasible (adaptive backends only)."""

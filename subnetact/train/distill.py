@@ -13,8 +13,9 @@ once. The teacher is
   updates the smaller subnets make to the shared weights;
 - any ``nn.Module`` called with the same inputs (a larger model, the unconverted original).
 
-Before the first step, heads/neurons (transformers, :func:`subnetact.reorder` with ``score="activation"``) or
-channels (other models, :func:`subnetact.reorder_channels`) are put in decreasing importance, so training starts
+Before the first step, heads/neurons (encoders, :func:`subnetact.reorder` with ``score="activation"``), FFN
+neurons/KV groups (decoder LLMs, :func:`subnetact.hf.reorder_decoder` with ``score="activation"``) or channels
+(other models, :func:`subnetact.reorder_channels`) are put in decreasing importance, so training starts
 from the best prefixes (``reorder=False`` to skip).
 
 Under ``torchrun`` (``torch.distributed`` initialised by the caller, any backend: gloo on CPU, nccl on GPU) the same
@@ -357,6 +358,7 @@ def _step(
         if n_global and n_local is not None:
             weight = n_local * world / n_global
     subnets = schedule.subnets(space, trainer.step, total, trainer.sampler)
+    loss_weights = schedule.loss_weights(subnets)
     largest = space.max()
     inplace = teacher_module is None
     autocast = torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None else _nullcontext()
@@ -367,14 +369,14 @@ def _step(
             target = _detach(_teacher_outputs(model, teacher_module, local, largest, train_mode=True))
         model.train()
         trained, losses = [], []
-        for cfg in subnets:
+        for cfg, loss_weight in zip(subnets, loss_weights):
             if inplace and cfg == largest:
                 continue  # the teacher itself: its loss would be zero
             with autocast:
                 value = loss_fn(call(model, local, cfg), target, local)
             if not isinstance(value, torch.Tensor) or value.numel() != 1:
                 raise ConfigError(f"loss returned {describe(value)}; it must return a scalar tensor")
-            scaled = value * weight
+            scaled = value * (weight * loss_weight)
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
             trained.append(cfg)
             losses.append(float(value.detach()))
@@ -446,13 +448,20 @@ def _checkpoint(directory, model, trainer, rank, world) -> None:
 
 
 def _reorder(model: nn.Module, batches, count: int, rank: int, world: int) -> None:
+    from ..hf.decoder_reorder import reorder_decoder
+    from ..hf.decoders import decoder_family_of
     from ..hf.families import family_of
     from ..hf.reorder import reorder as hf_reorder
     from ..importance import reorder_channels
 
-    if family_of(model) is not None:
+    encoder, decoder = family_of(model) is not None, decoder_family_of(model) is not None
+    if encoder or decoder:
         iterable = batches(0) if callable(batches) else batches
-        hf_reorder(model, list(itertools.islice(iter(iterable), count)), score="activation")
+        sample = list(itertools.islice(iter(iterable), count))
+        if decoder:  # FFN neurons and KV groups (Minitron-style activation importance)
+            reorder_decoder(model, sample, score="activation")
+        else:  # heads and FFN neurons
+            hf_reorder(model, sample, score="activation")
     else:
         reorder_channels(model)
 

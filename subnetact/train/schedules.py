@@ -11,6 +11,7 @@ Dimensions are named as ``model.actuate`` takes them: ``"depth"``, ``"width"`` (
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +39,10 @@ class Schedule:
     def subnets(self, space: Space, step: int, total_steps: int, rng: random.Random) -> list[SubnetConfig]:
         raise NotImplementedError
 
+    def loss_weights(self, subnets: list[SubnetConfig]) -> list[float]:
+        """The weight of each subnet's loss in the step's sum (all 1 unless a schedule says otherwise)."""
+        return [1.0] * len(subnets)
+
 
 @dataclass(frozen=True)
 class Sandwich(Schedule):
@@ -60,14 +65,32 @@ class Fixed(Schedule):
 
     Args:
         configs: configs of the space, or ``actuate``-style keyword dicts (``{"depth": 3, "width": 0.5}``).
+        weights: one positive weight per config for its loss (default all 1). A large weight on the largest subnet
+            keeps it close to the teacher while the shared weights move for the small ones: its restoring gradient
+            grows with the weight, and so the drift the others cause shrinks.
     """
 
     configs: tuple
+    weights: tuple | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.configs, Sequence) or isinstance(self.configs, (str, bytes)) or not self.configs:
             raise ConfigError(f"configs={self.configs!r} must be a non-empty sequence of subnets")
         object.__setattr__(self, "configs", tuple(self.configs))
+        if self.weights is not None:
+            weights = self.weights
+            if (
+                not isinstance(weights, Sequence)
+                or len(weights) != len(self.configs)
+                or not all(
+                    isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) and w > 0
+                    for w in weights
+                )
+            ):
+                raise ConfigError(
+                    f"weights={weights!r} must be {len(self.configs)} finite numbers > 0, one per config"
+                )
+            object.__setattr__(self, "weights", tuple(float(w) for w in weights))
         dims = set()
         for c in self.configs:
             dims |= set(c.dims if isinstance(c, SubnetConfig) else dict(c))
@@ -82,6 +105,9 @@ class Fixed(Schedule):
 
     def subnets(self, space: Space, step: int, total_steps: int, rng: random.Random) -> list[SubnetConfig]:
         return self._resolved(space)
+
+    def loss_weights(self, subnets: list[SubnetConfig]) -> list[float]:
+        return list(self.weights) if self.weights is not None else [1.0] * len(subnets)
 
 
 @dataclass(frozen=True)

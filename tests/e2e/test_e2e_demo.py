@@ -10,7 +10,14 @@ import sys
 import pytest
 
 from scheduling import Profile
-from subnetact.demo import PolicyResult, combine_trials, format_table, frontier
+from subnetact.demo import (
+    PolicyResult,
+    combine_trials,
+    dominated_beyond_noise,
+    format_dominance,
+    format_table,
+    frontier,
+)
 from subnetact.demo_load import derive_load
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -55,6 +62,13 @@ def test_demo_runs_end_to_end_and_prints_the_table(tmp_path):
     # The frontier marks in the table are those computed from the rows.
     on_front = frontier([PolicyResult(**r) for r in data["rows"]])
     assert [table[r["policy"]].split()[1] == "*" for r in data["rows"]] == on_front and any(on_front)
+    # The second trial starts one policy later than the first (no policy always runs first).
+    progress = [line.split()[2].rstrip(":") for line in text.splitlines() if line.strip().startswith("trial ")]
+    assert progress == [*names, *names[1:], names[0]], progress
+    # Who dominates whom beyond trial noise: printed under the table and saved, as computed from the rows.
+    assert "dominated beyond trial-to-trial noise (paired over 2 trial(s)" in text
+    dominated = dominated_beyond_noise([PolicyResult(**r) for r in data["rows"]])
+    assert data["dominated_by"] == {r["policy"]: by for r, by in zip(data["rows"], dominated, strict=True)}
     for r in rows.values():
         assert r["requests"] == data["settings"]["requests"] > 0
         # Two trials each; the row is their mean (the table's ± sd and the plot's error bars come from them).
@@ -124,6 +138,38 @@ def test_frontier_by_hand():
         _row("f", 0.95, 99.0),  # on: equal to e is not dominated
     ]
     assert frontier(rows) == [True, True, False, False, True, True]
+
+
+def _trials(name: str, attainment: tuple[float, ...], accuracy: tuple[float, ...]) -> PolicyResult:
+    return combine_trials([_row(name, a, c) for a, c in zip(attainment, accuracy, strict=True)])
+
+
+def test_dominance_beyond_trial_noise_by_hand():
+    same = (95.0, 95.0, 95.0)
+    rows = [
+        _trials("a", (0.990, 0.991, 0.992), same),
+        _trials("b", (0.995, 0.996, 0.997), same),  # +0.005 in every trial: beyond noise, dominates a
+        _trials("c", (0.990, 1.000, 0.980), same),  # mean -0.001 against a: not at least as good
+        _trials("d", (0.9904, 0.9914, 0.9924), same),  # +0.0004 every trial: below the 0.0005 floor
+        _trials("e", (0.990, 0.991, 0.992), (95.1, 95.1, 95.1)),  # +0.1 points every trial: dominates a
+        _trials("f", (1.000, 0.989, 0.993), same),  # +0.003 on average but +0.010/-0.002/+0.001: within noise
+        _trials("g", (0.995, 0.996, 0.997), (float("nan"), 94.0, 96.0)),  # nan trial left out: acc +0 vs b
+    ]
+    by = dict(zip("abcdefg", dominated_beyond_noise(rows), strict=True))
+    # a: b and e by the rule; d (floor), f (noise) and c (worse on average) not; g: +0.005 attainment, accuracy
+    # paired over the two trials with a value (94, 96 against 95, 95: +0.0), so no worse: it dominates a too.
+    assert by["a"] == ["b", "e", "g"]
+    assert by["b"] == [] and by["e"] == [] and by["g"] == []  # b vs g: equal attainment, accuracy +0 on average
+    # c swings by +-0.01 between trials: only e's +0.1 points in every trial (at +0.001 attainment) is beyond it.
+    assert by["c"] == ["e"]
+    text = format_dominance(rows)
+    assert text.startswith("dominated beyond trial-to-trial noise (paired over 3 trial(s)")
+    assert "\n  a by b, e, g\n" in text and "\n  c by e" in text
+    rows[0] = _trials("slackfit", (0.990, 0.991, 0.992), same)  # SlackFit's line gives the paired differences
+    assert "  slackfit by b (attainment +0.0050 ± 0.0000, accuracy +0.00 ± 0.00), e (attainment +0.0000" in (
+        format_dominance(rows)
+    )
+    assert format_dominance(rows[:1]).endswith(": none")
 
 
 def test_trials_combine_to_means_with_a_sample_standard_deviation():

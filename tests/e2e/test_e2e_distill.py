@@ -14,6 +14,7 @@ from e2e_models import blobs, tiny_digits
 
 import subnetact
 from subnetact.train import (
+    Fixed,
     ProgressiveShrinking,
     Sandwich,
     WidthThenDepth,
@@ -183,3 +184,32 @@ def test_torchrun_two_processes_give_the_weights_of_one(tmp_path):
     for k in a["end"]:
         torch.testing.assert_close(b["end"][k], a["end"][k], rtol=1e-4, atol=1e-5, msg=k)  # ... identically
     assert b["world"] == 2 and a["world"] == 1
+
+
+def test_fixed_weights_scale_each_subnets_loss():
+    # One SGD step of distill with Fixed(weights=) against the same step written out: 3 x KL(small) + 0.5 x KL(max).
+    torch.manual_seed(0)
+    model = tiny_digits()
+    by_hand = copy.deepcopy(model)
+    teacher = copy.deepcopy(model).eval()
+    x = images(1)[0]
+    small, largest = model.space.min(), model.space.max()
+    distill(model, [x], torch.optim.SGD(model.parameters(), lr=0.1), steps=1, reorder=False,
+            schedule=Fixed((small, largest), weights=(3, 0.5)))  # fmt: skip
+    with torch.no_grad():
+        target = torch.log_softmax(teacher(x, subnet=largest), dim=-1)
+    by_hand.train()
+    total = 0.0
+    for cfg, w in ((small, 3.0), (largest, 0.5)):
+        log_p = torch.log_softmax(by_hand(x, subnet=cfg), dim=-1)
+        total = total + w * (target.exp() * (target - log_p)).sum(-1).mean()
+    total.backward()
+    with torch.no_grad():
+        for p in by_hand.parameters():
+            if p.grad is not None:
+                p -= 0.1 * p.grad
+    for (name, got), want in zip(model.named_parameters(), by_hand.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=name)
+    for bad in ((1.0,), (1.0, 0.0), (1.0, float("inf")), (True, 1.0)):
+        with pytest.raises(subnetact.ConfigError, match=r"weights=.* must be 2 finite numbers > 0"):
+            Fixed((small, largest), weights=bad)

@@ -111,6 +111,16 @@ def test_a_far_too_slow_profile_is_corrected_by_probes_and_traffic(caplog):
         assert backend.fastest_latency_s() < BUDGET_MS / 1e3
         # The estimate moved down towards the runner's real time (5 ms for subnet 0 at batch 1), from 200 ms.
         assert model.estimate(0, 1) < 0.2 / 4
+        # GET /stats shows what the server plans with now: the same numbers the backend and its model hold.
+        plan = served.request("GET", "/stats")[1]["plan"]
+        assert plan["feasible"] is True and plan["budget_ms"] == BUDGET_MS
+        assert plan["fastest_planned_ms"] == pytest.approx(1e3 * backend.fastest_latency_s(), abs=1e-3)
+        assert plan["batches_timed"] == model.observed and plan["batches_rejected"] == 0
+        assert plan["probes"] == app.plan_guard.probes
+        (wid,) = backend.scheduler.workers
+        assert plan["worker_factors"] == {str(wid): pytest.approx(model.worker_factor(wid), abs=1e-4)}
+        assert plan["worker_factors"][str(wid)] < 1 / 4  # the worker runs many times faster than the profile said
+        assert plan["tail"] >= 1.0
     finally:
         served.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "subnetact.serving"]
@@ -126,6 +136,9 @@ def test_a_static_backend_stays_not_ready_and_says_why():
         time.sleep(0.6)  # a couple of guard rounds
         code, body = served.request("GET", "/readyz")
         assert code == 503 and "does not re-measure" in body["reason"], body
+        plan = served.request("GET", "/stats")[1]["plan"]
+        assert plan["feasible"] is False and plan["fastest_planned_ms"] == pytest.approx(200.0)  # the profile's
+        assert "batches_timed" not in plan and "worker_factors" not in plan  # no latency model
         assert served.predict()[0] == 504
         assert served.server.config.app.plan_guard.probes == 0  # nothing would learn from a probe
     finally:

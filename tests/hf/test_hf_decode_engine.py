@@ -144,3 +144,18 @@ def test_sliding_window_caches_are_refused():
     steps, prefill = profiles(model)
     with pytest.raises(UnsupportedModelError, match=r"sliding windows"):
         ElasticDecodeEngine(model, DecodeScheduler(steps, prefill, tpot_s=0.008, ttft_s=0.02))
+
+
+def test_wall_clock_run_feeds_an_adaptive_scheduler():
+    model = converted("llama")
+    steps, prefill = profiles(model)
+    sched = DecodeScheduler(steps, prefill, tpot_s=0.05, ttft_s=0.5, max_batch=4, adaptive=True)
+    engine = ElasticDecodeEngine(model, sched)  # the wall clock
+    ids = [engine.submit(p, max_new_tokens=n) for _, p, n in TRACE[:3]]
+    engine.run()
+    decode_model, prefill_model = sched.latency_models
+    # every phase reported (a sample more than 20x off the profile is counted as rejected; the machine may be busy)
+    assert decode_model.observed + decode_model.rejected == sched.summary().decode_steps > 0
+    assert prefill_model.observed + prefill_model.rejected == sched.summary().prefills > 0
+    for (_, prompt, _), i in zip(TRACE, ids, strict=False):
+        assert engine.tokens(i) == reference(model, engine, prompt, sched.records[i].subnet_ids)

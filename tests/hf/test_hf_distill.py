@@ -165,3 +165,45 @@ def test_recipe_pretrained_to_searched_served_set_to_profile(tmp_path):
         example_input=lambda n: {k: v.repeat(n, 1) for k, v in one.items()}, progress=False,
     )  # fmt: skip
     assert len(profile.subnets) == len(found.configs)
+
+
+def test_output_hidden_states_survive_convert():
+    # transformers 5 records hidden states by hooks looked up by the model's class name; the supernet class is new,
+    # and the request used to be ignored silently (no hidden_states), which per-layer distillation losses need.
+    model = encoder()
+    x = inputs("bert", batch=3, seq=9, seed=4)
+    with torch.no_grad():
+        reference = model(**x, output_hidden_states=True).hidden_states
+        subnetact.convert(model)
+        full = model(**x, output_hidden_states=True).hidden_states
+        small_cfg = model.space.make(depth=2, width=0.5)
+        small = model(**x, output_hidden_states=True, subnet=small_cfg)
+        exported = subnetact.export(model, small_cfg)(**x, output_hidden_states=True).hidden_states
+    assert len(full) == len(reference) == model.config.num_hidden_layers + 1
+    for got, want in zip(full, reference):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert len(small.hidden_states) == 3  # the embeddings and the two layers the subnet runs
+    torch.testing.assert_close(small.hidden_states[-1], small.last_hidden_state, rtol=0, atol=0)
+    for got, want in zip(small.hidden_states, exported):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_distill_reorders_a_decoder_with_reorder_decoder_first():
+    # The default reorder=True must sort a decoder LLM's FFN neurons / KV groups (reorder_decoder), not treat it as
+    # a CNN. With lr=0 the step changes nothing, so the result is exactly reorder_decoder on the first batches.
+    from decoder_models import make
+
+    model = subnetact.convert(make("llama", "eager", seed=3))
+    by_hand = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(5)
+    batches = [{"input_ids": torch.randint(3, 64, (2, 12), generator=g), "use_cache": False} for _ in range(3)]
+    result = distill(model, batches, torch.optim.SGD(model.parameters(), lr=0.0), steps=1, reorder_batches=2,
+                     loss="next_token", schedule=Fixed((model.space.min(),)))  # fmt: skip
+    subnetact.hf.reorder_decoder(by_hand, batches[:2], score="activation")
+    assert result.reordered
+    moved = 0
+    for (name, got), want in zip(model.state_dict().items(), by_hand.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+    for got, before in zip(model.parameters(), make("llama", "eager", seed=3).parameters()):
+        moved += int(got.shape == before.shape and not torch.equal(got, before))
+    assert moved > 0  # something was permuted

@@ -11,6 +11,7 @@ from sched_strategies import profiles
 
 from scheduling import (
     DecodeScheduler,
+    DecodeStep,
     InvalidRequestError,
     IterationFit,
     LatencyStats,
@@ -199,3 +200,33 @@ def test_measured_demand_restricts_the_choice_to_sustainable_widths():
         DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, headroom=0)
     with pytest.raises(InvalidRequestError, match=r"rate_window_s must be a finite number of seconds > 0, got -1"):
         DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=-1)
+
+
+def test_adaptive_planning_learns_slower_steps_from_recorded_times():
+    # Every forward takes 3x its profiled time; only the adaptive scheduler learns it and keeps its tokens on time.
+    steps, fill = width_profiles()
+
+    def run(adaptive: bool) -> DecodeScheduler:
+        sched = DecodeScheduler(steps, fill, tpot_s=0.012, ttft_s=0.1, adaptive=adaptive)
+        sched.submit(16, 200, arrival_s=0.0)
+        now = 0.0
+        while not sched.done:
+            for plan, profile in ((sched.plan_prefill(now), fill), (sched.plan_decode(now), steps)):
+                if plan is None:
+                    continue
+                took = 3 * profile.latency(plan.subnet_id, plan.decision.profile_batch)
+                now += took
+                if isinstance(plan, DecodeStep):
+                    sched.finish_decode(now, plan)
+                else:
+                    sched.finish_prefill(now, plan)
+                replanned = sched.record(plan, took, now)
+                assert adaptive or not replanned
+        return sched
+
+    static, adaptive = run(False), run(True)
+    assert static.decode_policy.min_latency(1) == pytest.approx(0.00125)  # the profile as given
+    assert adaptive.decode_policy.profile.latency("ffn1.0", 1) == pytest.approx(0.015, rel=0.05)  # learned: 3 x 5 ms
+    # Once the banked slack is spent, mostly 0.75 (3 x 3.75 ms fits 12 ms per token, 3 x 5 ms does not).
+    assert adaptive.records[0].subnet_ids[-40:].count("ffn0.75") >= 30
+    assert adaptive.summary().on_time_fraction == 1.0 > static.summary().on_time_fraction
