@@ -288,7 +288,9 @@ def _keep_output_recording(model: nn.Module) -> None:
     registry = getattr(capturing, "_CAN_RECORD_REGISTRY", None)
     recordable = getattr(model, "_can_record_outputs", None)
     if registry is not None and recordable:
-        registry[model] = recordable
+        # Keyed on str(model.__class__) in every release since 5.0; 5.9's registry is a plain dict indexed by that
+        # string, later ones a dict subclass whose __setitem__ takes the model. dict.__setitem__ serves both.
+        dict.__setitem__(registry, str(model.__class__), recordable)
 
 
 def from_supernet(model: nn.Module) -> None:

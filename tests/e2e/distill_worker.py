@@ -37,4 +37,7 @@ if __name__ == "__main__":
     if rank == 0:
         torch.save({"start": start, "end": model.state_dict(), "world": world}, sys.argv[1])
     if distributed:
+        # Every rank waits for rank 0's save before tearing gloo down: a rank that destroys its group while a peer is
+        # still in it aborted once on torch 2.14.1 ("terminate called without an active exception").
+        dist.barrier()
         dist.destroy_process_group()
