@@ -170,13 +170,19 @@ def test_torchrun_two_processes_give_the_weights_of_one(tmp_path):
         [sys.executable, str(worker), str(tmp_path / "one.pt")], env=env, capture_output=True, text=True, timeout=300
     )
     assert one.returncode == 0, one.stderr[-2000:]
-    two = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            str(worker), str(tmp_path / "two.pt"),
-        ],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    for _ in range(2):
+        two = subprocess.run(
+            [
+                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                str(worker), str(tmp_path / "two.pt"),
+            ],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        # A gloo rank aborting as the process exits ("terminate called without an active exception", seen once in
+        # ~10 runs on torch 2.14.1 and 2.15) is the launcher's teardown, not a result: launch once more. Any other
+        # failure, or the abort twice, fails the test, and the weights are compared either way.
+        if two.returncode == 0 or "terminate called without an active exception" not in two.stderr:
+            break
     assert two.returncode == 0, two.stderr[-3000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     moved = [k for k in a["start"] if not torch.equal(a["start"][k], a["end"][k])]
