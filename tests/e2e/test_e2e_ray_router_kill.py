@@ -36,6 +36,7 @@ from subnetact.serving.digits import digits_spec, measure_digits_profile  # noqa
 pytestmark = pytest.mark.ray
 JSON = {"Content-Type": "application/json"}
 
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
