@@ -2,15 +2,17 @@
 
     python benchmarks/serving/bench_router_kill.py --requests 600 --clients 16 --routers 1 2 --profile profile.json
 
-Starts a local Ray cluster (``ray.init(num_cpus=2)``, no dashboard), deploys the digits supernet with
-``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a closed-loop burst of ``--requests`` JSON
-predictions from ``--clients`` threads through Ray's HTTP proxy. When ``--kill-at`` of them are answered, one router
-replica's process gets SIGKILL. Each client retries idempotently: a 500/502/503 or a dropped connection is sent
-again with the remaining deadline (``--deadline-ms``). Reported per configuration:
+Starts a local Ray cluster (``ray.init(num_cpus=2)``, no dashboard) whose HTTP proxy runs
+:class:`subnetact_proxy.ProxyEntry` (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``; ``--no-proxy-entry``: Ray's proxy
+alone), deploys the digits supernet with ``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a
+closed-loop burst of ``--requests`` JSON predictions from ``--clients`` threads through Ray's HTTP proxy. When
+``--kill-at`` of them are answered, one router replica's process gets SIGKILL. Each client sends each request once;
+with ``--client-retry`` it sends it again on a 500/502/503 or a dropped connection, with the remaining deadline
+(``--deadline-ms``). Reported per configuration:
 
-- final answers: 200 (checked against the same model in this process), 503, 504, and ``gave up`` (the client's
-  budget ran out with no answer: an unanswered request);
-- how many requests needed a retry, and what their failed attempts got (Ray's proxy's 500, a dropped connection...);
+- final answers: 200 (checked against the same model in this process), 500, 503, 504, 0 (the connection dropped),
+  and ``gave up`` (the client's budget ran out with no answer: an unanswered request);
+- how many requests needed a client retry, and what their failed attempts got;
 - the longest gap between consecutive answers during the burst (the outage a client sees);
 - kill -> a replacement router serving, and whether it adopted the dead router's worker (no model load).
 """
@@ -46,9 +48,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def predict_with_retry(port: int, x: list, budget_ms: float) -> dict:
-    """POST /predict until an answer not worth retrying or the budget is spent. Returns the final status (or
-    ``"gave up"``), the body, and what each failed attempt got."""
+def predict(port: int, x: list, budget_ms: float, retry: bool) -> dict:
+    """POST /predict once, or (``retry``) until an answer not worth retrying or the budget is spent. Returns the
+    final status (0: the connection dropped; ``"gave up"``: no attempt was answered in time), the body, and what each
+    failed attempt got."""
     deadline = time.monotonic() + budget_ms / 1e3
     failed: list[str] = []
     final: dict = {"status": "gave up", "body": None}
@@ -60,6 +63,9 @@ def predict_with_retry(port: int, x: list, budget_ms: float) -> dict:
             resp = conn.getresponse()
             status, raw = resp.status, resp.read()
         except (OSError, http.client.HTTPException) as exc:
+            if not retry:
+                final = {"status": 0, "body": {"error": type(exc).__name__}}
+                break
             failed.append(type(exc).__name__)
             continue
         finally:
@@ -69,7 +75,7 @@ def predict_with_retry(port: int, x: list, budget_ms: float) -> dict:
         except ValueError:
             body = {"error": raw.decode(errors="replace")}
         final = {"status": status, "body": body}
-        if status not in RETRY_STATUSES:
+        if not retry or status not in RETRY_STATUSES:
             break
         failed.append(str(status))
         time.sleep(0.02)
@@ -114,7 +120,7 @@ def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
     killed_at: list[float] = []
 
     def one(k: int) -> dict:
-        out = predict_with_retry(port, inputs[k % len(inputs)], args.deadline_ms)
+        out = predict(port, inputs[k % len(inputs)], args.deadline_ms, args.client_retry)
         answered.release()
         return out
 
@@ -156,7 +162,7 @@ def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
         "requests": n,
         "final": dict(sorted(statuses.items(), key=str)),
         "wrong_predictions": wrong,
-        "retried": sum(bool(r["failed"]) for r in results),
+        "client_retried": sum(bool(r["failed"]) for r in results),
         "failed_attempts": dict(collections.Counter(f for r in results for f in r["failed"])),
         "longest_gap_s": round(max(gaps), 3),
         "burst_s": round(t_end - t0, 2),
@@ -180,6 +186,8 @@ def main() -> None:
     p.add_argument("--deadline-ms", type=float, default=20000.0, help="each request's budget, retries included")
     p.add_argument("--lease-s", type=float, default=3.0)
     p.add_argument("--profile", help="reuse a profile JSON instead of measuring one")
+    p.add_argument("--client-retry", action="store_true", help="clients send a request again on 500/502/503")
+    p.add_argument("--no-proxy-entry", action="store_true", help="Ray's proxy without subnetact_proxy.ProxyEntry")
     args = p.parse_args()
 
     import ray
@@ -196,6 +204,11 @@ def main() -> None:
     reference = spec.build()
     inputs = digits.to_input(digits.test_split()[0][:200]).numpy().tolist()
     os.environ.setdefault("PYTHONPATH", str(ROOT))
+    if not args.no_proxy_entry:  # Ray's proxy (serve.start) imports it from the environment ray.init passes on
+        from subnetact_proxy import PROXY_CALLBACK
+
+        os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = PROXY_CALLBACK
+    print(f"proxy entry: {not args.no_proxy_entry}, client retry: {args.client_retry}", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     rows = []

@@ -4,6 +4,9 @@ Endpoints:
 
 - ``POST /predict``: a JSON or safetensors body (:mod:`~subnetact.serving.codec`); the deadline budget is turned into
   an absolute time the moment the request's headers arrive, so time spent receiving the body counts against it.
+  With ``trust_request_start`` (the Ray router sets it) the budget and the latency start earlier, at the request's
+  ``X-Request-Start`` (stamped by Ray's proxy, :mod:`subnetact_proxy`, or a load balancer) when it is plausible;
+  the wait before the front end is recorded in ``/metrics`` (``subnetact_upstream_wait_seconds``).
   Answers (always a JSON body):
 
   ====  ==========================================================================================================
@@ -62,6 +65,7 @@ from scheduling import (
     SchedulerClosedError,
     WorkerFailedError,
 )
+from subnetact_proxy import REQUEST_START_HEADER, parse_request_start
 
 from .backend import Backend
 from .codec import (
@@ -83,6 +87,7 @@ __all__ = ["ServingApp"]
 
 _log = logging.getLogger("subnetact.serving")
 _CLOSE = {"connection": "close"}
+REQUEST_START = REQUEST_START_HEADER.encode()
 ARRIVED = "subnetact.arrived"
 """ASGI scope key: ``(time.perf_counter(), time.time())`` when the request's headers arrived."""
 
@@ -116,6 +121,10 @@ class ServingApp:
             are parsed on the thread pool. Default 2.
         process_decode_bytes: JSON bodies larger than this go to a child process (about 1 ms of parsing; below it
             a thread costs less than the pipe). Default 64 KiB.
+        trust_request_start: Start each request's budget and latency at its ``X-Request-Start`` header (see
+            :func:`subnetact_proxy.parse_request_start`: malformed or implausible values are ignored and counted;
+            a stamp can shorten a budget, never lengthen it). Default ``False``: a server facing clients directly
+            starts the clock when the headers arrive; the Ray router, behind Ray's proxy, sets it.
 
     Attributes:
         metrics: The :class:`~subnetact.serving.metrics.ServingMetrics` behind ``GET /metrics``.
@@ -134,6 +143,7 @@ class ServingApp:
         inline_decode_bytes: int = 16 << 10,
         decode_processes: int = 2,
         process_decode_bytes: int = 64 << 10,
+        trust_request_start: bool = False,
     ) -> None:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -163,6 +173,7 @@ class ServingApp:
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="subnetact-decode")
         self.process_decode_bytes = process_decode_bytes
         self._decode_children = DecodePool(self.input_shape, decode_processes) if decode_processes else None
+        self.trust_request_start = bool(trust_request_start)
         self.draining = False  # new predictions are refused (503)
         self.unready = False  # /readyz answers 503, predictions are still served
         self.metrics = ServingMetrics(
@@ -187,7 +198,23 @@ class ServingApp:
         # the scope when the headers were parsed (subnetact.serving.serve does).
         if ARRIVED not in scope:
             scope[ARRIVED] = (time.perf_counter(), time.time())
+        if self.trust_request_start and scope["type"] == "http":
+            self._start_at_request_start(scope)
         await self._app(scope, receive, send)
+
+    def _start_at_request_start(self, scope) -> None:
+        """Move the scope's arrival back to its ``X-Request-Start`` (the proxy's entry), recording the wait."""
+        stamps = [value for name, value in scope.get("headers", ()) if name.lower() == REQUEST_START]
+        if not stamps:
+            return
+        arrived, arrived_wall = scope[ARRIVED]
+        start = parse_request_start(stamps[0], arrived_wall) if len(stamps) == 1 else None
+        if start is None:
+            self.metrics.request_start_ignored.inc()
+            return
+        waited = arrived_wall - start
+        self.metrics.upstream_wait.observe(waited)
+        scope[ARRIVED] = (arrived - waited, start)
 
     def mark_unready(self) -> None:
         """Answer ``/readyz`` with 503 from now on, still serving predictions (the first phase of a drain)."""

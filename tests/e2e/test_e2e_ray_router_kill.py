@@ -1,10 +1,12 @@
 """No single point of failure on Ray Serve (issue 22): two router replicas behind Ray's proxy, one worker each; one
 router's process is SIGKILLed mid-burst.
 
-Clients retry idempotently (a 500/502/503 or a dropped connection is sent again with the remaining deadline), so every
-request gets exactly one final answer: a correct prediction, or a clear 503/504. Answers never stop for more than 2 s,
-none is missing 30 s after the kill, and the router Serve starts in place of the dead one adopts its worker (the model
-is not loaded again). ``serve.shutdown()`` then stops every worker (they are detached actors).
+Ray's proxy runs :class:`subnetact_proxy.ProxyEntry` (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``, set before
+``ray.init``): it stamps ``X-Request-Start`` and sends a request whose router died through the proxy again, to the
+live router. Clients send each request once, without retrying: every request gets exactly one answer, a correct
+prediction or a clear 503 (with ``Retry-After``) / 504, never Ray's bare 500, and none is missing 30 s after the kill.
+Answers never stop for more than 2 s, and the router Serve starts in place of the dead one adopts its worker (the
+model is not loaded again). ``serve.shutdown()`` then stops every worker (they are detached actors).
 
 Starts Ray inside the test (``ray.init(num_cpus=2)``, no dashboard, loopback only). Deselect with ``-m "not ray"``.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import threading
@@ -31,8 +34,7 @@ from subnetact import digits  # noqa: E402
 from subnetact.serving.digits import digits_spec, measure_digits_profile  # noqa: E402
 
 pytestmark = pytest.mark.ray
-
-RETRY_STATUSES = (500, 502, 503)  # Ray's proxy answers 500 for a request whose router died; ours 503 while draining
+JSON = {"Content-Type": "application/json"}
 
 
 def _free_port() -> int:
@@ -41,34 +43,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def predict_with_retry(port: int, x, budget_ms: float) -> tuple[int, dict, int]:
-    """POST /predict until an answer that is not worth retrying, or the budget is spent: (status, body, attempts).
-
-    Inference is a pure function of the input, so sending a request again (to whichever router Ray's proxy picks)
-    is safe even if the first router ran it before it died."""
-    deadline = time.monotonic() + budget_ms / 1e3
-    attempts = 0
-    status, body = 504, {"error": "deadline missed", "detail": "no attempt was answered in time"}
-    while (left_ms := 1e3 * (deadline - time.monotonic())) > 1.0:
-        attempts += 1
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=left_ms / 1e3 + 2.0)
-        try:
-            body_out = json.dumps({"input": x, "deadline_ms": left_ms})
-            conn.request("POST", "/predict", body_out, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            status, raw = resp.status, resp.read()
-        except (OSError, http.client.HTTPException):  # the connection dropped or timed out: send it again
-            continue
-        finally:
-            conn.close()
-        try:
-            body = json.loads(raw)
-        except ValueError:  # Ray's proxy's own 500 is plain text
-            body = {"error": raw.decode(errors="replace")}
-        if status not in RETRY_STATUSES:
-            return status, body, attempts
-        time.sleep(0.02)
-    return status, body, attempts
+def predict_once(port: int, x, budget_ms: float) -> tuple[int, dict, dict]:
+    """One POST /predict, no retry: (status, JSON body, headers); status 0 if the connection dropped."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=budget_ms / 1e3 + 30.0)
+    try:
+        conn.request("POST", "/predict", json.dumps({"input": x, "deadline_ms": budget_ms}), JSON)
+        resp = conn.getresponse()
+        status, raw, headers = resp.status, resp.read(), {k.lower(): v for k, v in resp.getheaders()}
+    except (OSError, http.client.HTTPException) as exc:
+        return 0, {"error": f"{type(exc).__name__}: {exc}"}, {}
+    finally:
+        conn.close()
+    try:
+        return status, json.loads(raw), headers
+    except ValueError:  # Ray's proxy's own 500 is plain text
+        return status, {"error": raw.decode(errors="replace")}, headers
 
 
 def _router_stats(router, want: int, limit_s: float) -> dict[int, dict]:
@@ -84,8 +73,12 @@ def _router_stats(router, want: int, limit_s: float) -> dict[int, dict]:
     return seen
 
 
-def test_two_routers_survive_a_killed_router():
+def test_two_routers_survive_a_killed_router(monkeypatch):
     from subnetact.serving.ray_serve import WORKER_NAMESPACE, build_app
+    from subnetact_proxy import PROXY_CALLBACK
+
+    # Ray's proxy (started by serve.start below) imports it from the environment ray.init passes on.
+    monkeypatch.setenv("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", PROXY_CALLBACK)
 
     torch.set_num_threads(1)
     spec = digits_spec(measure_digits_profile(batch_sizes=(1, 4, 16), repeats=2), threads=1)
@@ -117,7 +110,7 @@ def test_two_routers_survive_a_killed_router():
         answer_times: list[float] = []
 
         def one(k: int):
-            out = predict_with_retry(port, inputs[k].tolist(), budget_ms=20000.0)
+            out = predict_once(port, inputs[k].tolist(), budget_ms=20000.0)
             answer_times.append(time.monotonic())
             answered.release()
             return k, *out
@@ -137,17 +130,27 @@ def test_two_routers_survive_a_killed_router():
 
         statuses = [status for _, status, _, _ in results]
         assert set(statuses) <= {200, 503, 504}, [(s, a) for _, s, a, _ in results if s not in (200, 503, 504)]
-        for k, status, answer, _ in results:  # each result is what its subnet predicts for that input
-            if status == 200:
+        for k, status, answer, headers in results:
+            if status == 200:  # each result is what its subnet predicts for that input
                 assert answer["prediction"] == reference(answer["subnet"], [inputs[k]])[0]["prediction"]
+            elif status == 503:  # a clear 503: JSON, and when to come back
+                assert headers.get("retry-after") == "1" and answer["error"], (answer, headers)
         assert statuses.count(200) >= 0.9 * n, statuses
         times = [t0, *sorted(answer_times)]
         gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         assert max(gaps) <= 2.0, f"answers stopped for {max(gaps):.2f} s"
         print(
-            f"router killed: {statuses.count(200)}/{n} answered 200, {n - statuses.count(200)} 503/504, "
-            f"{sum(a > 1 for *_, a in results)} retried, longest gap {max(gaps):.2f} s"
+            f"router killed: {statuses.count(200)}/{n} answered 200, {statuses.count(503)} 503, "
+            f"{statuses.count(504)} 504, longest gap {max(gaps):.2f} s"
         )
+
+        # The clock started at the proxy: each router's /metrics has the time its requests spent before it.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("GET", "/metrics")
+        scraped = conn.getresponse().read().decode()
+        conn.close()
+        waits = re.search(r"^subnetact_upstream_wait_seconds_count (\S+)$", scraped, re.M)
+        assert waits is not None and float(waits.group(1)) > 0, "Ray's proxy did not stamp X-Request-Start"
 
         # Serve replaces the dead router; the new one adopts the orphaned worker instead of loading a new one.
         give_up = time.monotonic() + 60
@@ -162,7 +165,7 @@ def test_two_routers_survive_a_killed_router():
         actors = ray.util.list_named_actors(all_namespaces=True)
         names = {a["name"] for a in actors if a["namespace"] == WORKER_NAMESPACE}
         assert len(names) == 2 and orphan in names, names
-        status, answer, _ = predict_with_retry(port, inputs[0].tolist(), budget_ms=20000.0)
+        status, answer, _ = predict_once(port, inputs[0].tolist(), budget_ms=20000.0)
         assert status == 200, answer
     finally:
         serve.shutdown()
