@@ -2,13 +2,13 @@
 
     python benchmarks/serving/bench_router_kill.py --requests 600 --clients 16 --routers 1 2 --profile profile.json
 
-Starts a local Ray cluster (``ray.init(num_cpus=2)``, no dashboard) whose HTTP proxy runs
-:class:`subnetact_proxy.ProxyEntry` (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``; ``--no-proxy-entry``: Ray's proxy
-alone), deploys the digits supernet with ``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a
-closed-loop burst of ``--requests`` JSON predictions from ``--clients`` threads through Ray's HTTP proxy. When
-``--kill-at`` of them are answered, one router replica's process gets SIGKILL. Each client sends each request once;
-with ``--client-retry`` it sends it again on a 500/502/503 or a dropped connection, with the remaining deadline
-(``--deadline-ms``). Reported per configuration:
+Starts a local Ray cluster (``subnetact.serving.ray_local.local_ray``: ``ray.init(num_cpus=2)``, no dashboard)
+whose HTTP proxy runs :class:`subnetact_proxy.ProxyEntry` (``--no-proxy-entry``: Ray's proxy alone), deploys the
+digits supernet with ``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a closed-loop burst of
+``--requests`` JSON predictions from ``--clients`` threads through Ray's HTTP proxy. When ``--kill-at`` of them are
+answered, one router replica's process gets SIGKILL. Each client sends each request once; with ``--client-retry``
+it sends it again on a 500/502/503 or a dropped connection, with the remaining deadline (``--deadline-ms``).
+Reported per configuration:
 
 - final answers: 200 (checked against the same model in this process), 500, 503, 504, 0 (the connection dropped),
   and ``gave up`` (the client's budget ran out with no answer: an unanswered request);
@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -42,13 +40,7 @@ sys.path.insert(0, str(ROOT))
 RETRY_STATUSES = (500, 502, 503)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def predict(port: int, x: list, budget_ms: float, retry: bool) -> dict:
+def predict(served, x: list, budget_ms: float, retry: bool) -> dict:
     """POST /predict once, or (``retry``) until an answer not worth retrying or the budget is spent. Returns the
     final status (0: the connection dropped; ``"gave up"``: no attempt was answered in time), the body, and what each
     failed attempt got."""
@@ -56,24 +48,10 @@ def predict(port: int, x: list, budget_ms: float, retry: bool) -> dict:
     failed: list[str] = []
     final: dict = {"status": "gave up", "body": None}
     while (left_ms := 1e3 * (deadline - time.monotonic())) > 1.0:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=left_ms / 1e3 + 2.0)
-        try:
-            body_out = json.dumps({"input": x, "deadline_ms": left_ms})
-            conn.request("POST", "/predict", body_out, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            status, raw = resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            if not retry:
-                final = {"status": 0, "body": {"error": type(exc).__name__}}
-                break
-            failed.append(type(exc).__name__)
+        status, body, _ = served.predict(x, left_ms, timeout=left_ms / 1e3 + 2.0)
+        if status == 0 and retry:  # the connection dropped or timed out: send it again
+            failed.append(body["error"].split(":")[0])
             continue
-        finally:
-            conn.close()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = {"error": raw.decode(errors="replace")}
         final = {"status": status, "body": body}
         if not retry or status not in RETRY_STATUSES:
             break
@@ -82,45 +60,28 @@ def predict(port: int, x: list, budget_ms: float, retry: bool) -> dict:
     return {**final, "failed": failed, "t": time.monotonic()}
 
 
-def _router_stats(router, want: int, limit_s: float) -> dict[int, dict]:
-    import ray
-
-    seen: dict[int, dict] = {}
-    give_up = time.monotonic() + limit_s
-    while len(seen) < want and time.monotonic() < give_up:
-        try:
-            st = router.stats.remote().result(timeout_s=30)
-        except ray.exceptions.RayError:
-            continue
-        seen[st["pid"]] = st
-    return seen
-
-
 def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
-    from ray import serve
-
+    from subnetact.serving.ray_local import serve_app
     from subnetact.serving.ray_serve import build_app
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build_app(
-        spec,
-        num_workers=2,
-        num_routers=num_routers,
-        worker_options={"num_cpus": 0.5},
-        app_options={"default_deadline_ms": args.deadline_ms},
-        lease_s=args.lease_s,
+    served = serve_app(
+        build_app(
+            spec,
+            num_workers=2,
+            num_routers=num_routers,
+            worker_options={"num_cpus": 0.5},
+            app_options={"default_deadline_ms": args.deadline_ms},
+            lease_s=args.lease_s,
+        )
     )
-    serve.run(app, name="subnetact", route_prefix="/")
-    router = serve.get_deployment_handle("Router", app_name="subnetact")
-    routers = _router_stats(router, num_routers, 60)
+    routers = served.router_stats(num_routers, 60)
     victim_pid, victim = next(iter(routers.items()))
     n = args.requests
     answered = threading.Semaphore(0)
     killed_at: list[float] = []
 
     def one(k: int) -> dict:
-        out = predict(port, inputs[k % len(inputs)], args.deadline_ms, args.client_retry)
+        out = predict(served, inputs[k % len(inputs)], args.deadline_ms, args.client_retry)
         answered.release()
         return out
 
@@ -151,11 +112,11 @@ def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
     known = {st["router_id"] for st in routers.values()}
     give_up = time.monotonic() + 120
     while replacement is None and time.monotonic() < give_up:
-        for st in _router_stats(router, num_routers, 5).values():
+        for st in served.router_stats(num_routers, 5).values():
             if st["router_id"] not in known:
                 replacement, t_replaced = st, time.monotonic() - kill
         time.sleep(0.1)
-    serve.shutdown()
+    served.shutdown()
     statuses = collections.Counter(r["status"] for r in results)
     return {
         "routers": num_routers,
@@ -190,11 +151,11 @@ def main() -> None:
     p.add_argument("--no-proxy-entry", action="store_true", help="Ray's proxy without subnetact_proxy.ProxyEntry")
     args = p.parse_args()
 
-    import ray
     import torch
 
     from subnetact import digits
     from subnetact.serving.digits import digits_spec, measure_digits_profile
+    from subnetact.serving.ray_local import local_ray
 
     torch.set_num_threads(1)
     if args.profile is None:
@@ -204,22 +165,12 @@ def main() -> None:
     reference = spec.build()
     inputs = digits.to_input(digits.test_split()[0][:200]).numpy().tolist()
     os.environ.setdefault("PYTHONPATH", str(ROOT))
-    if not args.no_proxy_entry:  # Ray's proxy (serve.start) imports it from the environment ray.init passes on
-        from subnetact_proxy import PROXY_CALLBACK
-
-        os.environ["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] = PROXY_CALLBACK
     print(f"proxy entry: {not args.no_proxy_entry}, client retry: {args.client_retry}", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    rows = []
-    try:
+    with local_ray(num_cpus=2, proxy_entry=not args.no_proxy_entry):
         for _ in range(args.rounds):
             for r in args.routers:
-                row = run_one(r, spec, reference, inputs, args)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    finally:
-        ray.shutdown()
+                print(json.dumps(run_one(r, spec, reference, inputs, args)), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

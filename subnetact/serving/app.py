@@ -53,6 +53,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -272,7 +273,7 @@ class ServingApp:
         if length is not None and int(length) > self.max_body_bytes:  # the HTTP parser already checked it is an int
             raise self._too_large(int(length))
         try:
-            body = await asyncio.wait_for(self._read_body(request), self.body_timeout_s)
+            body = await _within(self._read_body(request), self.body_timeout_s)
         except asyncio.TimeoutError:
             raise _Answer(
                 408, "timeout", {"error": f"the body did not arrive within {self.body_timeout_s:g} s"}, _CLOSE
@@ -292,7 +293,7 @@ class ServingApp:
         try:
             # The backstop: the backend should answer by the deadline (+ its grace); if it does not, we do.
             backstop = max(0.0, deadline_wall - time.time()) + self.backstop_s
-            result = await asyncio.wait_for(self.backend.infer(payload, deadline_wall), backstop)
+            result = await _within(self.backend.infer(payload, deadline_wall), backstop)
         except DeadlineMissedError as exc:  # first: it is also a TimeoutError
             raise _Answer(
                 504, "deadline_missed", {"error": "deadline missed", "detail": str(exc), "deadline_ms": budget_ms}
@@ -413,6 +414,21 @@ class ServingApp:
         self._decode_pool.shutdown(wait=False)
         if self._decode_children is not None:
             await self._decode_children.aclose()
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable, seconds: float):
+        """``await awaitable``, cancelled with ``TimeoutError`` after ``seconds``: a timer on the request's own task.
+
+        ``asyncio.wait_for`` would wrap the awaitable in a task of its own, one more task and two more event-loop
+        turns per call; twice per request, that was a third of the front end's per-request CPU (issue 22, hey at 64
+        connections: ``docs/benchmarks.md``)."""
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # Python 3.10: no asyncio.timeout
+    _within = asyncio.wait_for
 
 
 def _peer(request) -> str:

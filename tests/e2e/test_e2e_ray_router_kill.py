@@ -8,17 +8,14 @@ prediction or a clear 503 (with ``Retry-After``) / 504, never Ray's bare 500, an
 Answers never stop for more than 2 s, and the router Serve starts in place of the dead one adopts its worker (the
 model is not loaded again). ``serve.shutdown()`` then stops every worker (they are detached actors).
 
-Starts Ray inside the test (``ray.init(num_cpus=2)``, no dashboard, loopback only). Deselect with ``-m "not ray"``.
+Starts Ray inside the test (``subnetact.serving.ray_local``: ``ray.init(num_cpus=2)``, no dashboard, loopback only).
+Deselect with ``-m "not ray"``.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
 import os
-import re
 import signal
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,65 +29,31 @@ pytest.importorskip("starlette")
 
 from subnetact import digits  # noqa: E402
 from subnetact.serving.digits import digits_spec, measure_digits_profile  # noqa: E402
+from subnetact.serving.ray_local import local_ray, serve_app  # noqa: E402
+from subnetact.serving.ray_serve import WORKER_NAMESPACE, build_app  # noqa: E402
 
 pytestmark = pytest.mark.ray
-JSON = {"Content-Type": "application/json"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def predict_once(port: int, x, budget_ms: float) -> tuple[int, dict, dict]:
-    """One POST /predict, no retry: (status, JSON body, headers); status 0 if the connection dropped."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=budget_ms / 1e3 + 30.0)
-    try:
-        conn.request("POST", "/predict", json.dumps({"input": x, "deadline_ms": budget_ms}), JSON)
-        resp = conn.getresponse()
-        status, raw, headers = resp.status, resp.read(), {k.lower(): v for k, v in resp.getheaders()}
-    except (OSError, http.client.HTTPException) as exc:
-        return 0, {"error": f"{type(exc).__name__}: {exc}"}, {}
-    finally:
-        conn.close()
-    try:
-        return status, json.loads(raw), headers
-    except ValueError:  # Ray's proxy's own 500 is plain text
-        return status, {"error": raw.decode(errors="replace")}, headers
-
-
-def _router_stats(router, want: int, limit_s: float) -> dict[int, dict]:
-    """The stats of ``want`` distinct router replicas (by pid): handle calls reach a replica of Serve's choosing."""
-    seen: dict[int, dict] = {}
-    give_up = time.monotonic() + limit_s
-    while len(seen) < want and time.monotonic() < give_up:
-        try:
-            st = router.stats.remote().result(timeout_s=30)
-        except ray.exceptions.RayError:  # sent to the replica that was just killed
-            continue
-        seen[st["pid"]] = st
-    return seen
-
-
-def test_two_routers_survive_a_killed_router(monkeypatch):
-    from subnetact.serving.ray_serve import WORKER_NAMESPACE, build_app
-    from subnetact_proxy import PROXY_CALLBACK
-
-    # Ray's proxy (started by serve.start below) imports it from the environment ray.init passes on.
-    monkeypatch.setenv("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", PROXY_CALLBACK)
-
+def test_two_routers_survive_a_killed_router():
     torch.set_num_threads(1)
     spec = digits_spec(measure_digits_profile(batch_sizes=(1, 4, 16), repeats=2), threads=1)
     reference = spec.build()  # the same model in this process: what each subnet must answer
     images, _ = digits.test_split()
     n = 160
     inputs = digits.to_input(images[:n]).numpy()
-    port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        app = build_app(
+    with local_ray(num_cpus=2):  # Ray's proxy runs subnetact_proxy.ProxyEntry
+        try:
+            check_router_kill(spec, reference, inputs, n)
+        finally:
+            serve.shutdown()
+            left = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == WORKER_NAMESPACE]
+    assert left == [], f"serve.shutdown() left detached workers running: {left}"
+
+
+def check_router_kill(spec, reference, inputs, n: int) -> None:
+    served = serve_app(
+        build_app(
             spec,
             num_workers=2,
             num_routers=2,
@@ -98,77 +61,67 @@ def test_two_routers_survive_a_killed_router(monkeypatch):
             app_options={"default_deadline_ms": 20000.0},
             lease_s=2.0,
         )
-        serve.run(app, name="subnetact", route_prefix="/")
-        router = serve.get_deployment_handle("Router", app_name="subnetact")
-        routers = _router_stats(router, 2, 60)
-        assert len(routers) == 2 and all(len(st["workers"]) == 1 for st in routers.values()), routers
-        victim_pid, victim = next(iter(routers.items()))
-        orphan = victim["workers"][0]
+    )
+    routers = served.router_stats(2, 60)
+    assert len(routers) == 2 and all(len(st["workers"]) == 1 for st in routers.values()), routers
+    victim_pid, victim = next(iter(routers.items()))
+    orphan = victim["workers"][0]
 
-        answered = threading.Semaphore(0)
-        killed_at: list[float] = []
-        answer_times: list[float] = []
+    answered = threading.Semaphore(0)
+    killed_at: list[float] = []
+    answer_times: list[float] = []
 
-        def one(k: int):
-            out = predict_once(port, inputs[k].tolist(), budget_ms=20000.0)
-            answer_times.append(time.monotonic())
-            answered.release()
-            return k, *out
+    def one(k: int):
+        out = served.predict(inputs[k].tolist(), budget_ms=20000.0)
+        answer_times.append(time.monotonic())
+        answered.release()
+        return k, *out
 
-        def killer():
-            for _ in range(n // 4):  # a quarter of the burst is answered: both routers are busy
-                answered.acquire()
-            os.kill(victim_pid, signal.SIGKILL)
-            killed_at.append(time.monotonic())
+    def killer():
+        for _ in range(n // 4):  # a quarter of the burst is answered: both routers are busy
+            answered.acquire()
+        os.kill(victim_pid, signal.SIGKILL)
+        killed_at.append(time.monotonic())
 
-        threading.Thread(target=killer, daemon=True).start()
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:
-            results = list(pool.map(one, range(n)))
-        assert killed_at, "the router was not killed"
-        assert max(answer_times) - killed_at[0] < 30.0  # nothing left unanswered 30 s after the kill
+    threading.Thread(target=killer, daemon=True).start()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(n)))
+    assert killed_at, "the router was not killed"
+    assert max(answer_times) - killed_at[0] < 30.0  # nothing left unanswered 30 s after the kill
 
-        statuses = [status for _, status, _, _ in results]
-        assert set(statuses) <= {200, 503, 504}, [(s, a) for _, s, a, _ in results if s not in (200, 503, 504)]
-        for k, status, answer, headers in results:
-            if status == 200:  # each result is what its subnet predicts for that input
-                assert answer["prediction"] == reference(answer["subnet"], [inputs[k]])[0]["prediction"]
-            elif status == 503:  # a clear 503: JSON, and when to come back
-                assert headers.get("retry-after") == "1" and answer["error"], (answer, headers)
-        assert statuses.count(200) >= 0.9 * n, statuses
-        times = [t0, *sorted(answer_times)]
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-        assert max(gaps) <= 2.0, f"answers stopped for {max(gaps):.2f} s"
-        print(
-            f"router killed: {statuses.count(200)}/{n} answered 200, {statuses.count(503)} 503, "
-            f"{statuses.count(504)} 504, longest gap {max(gaps):.2f} s"
-        )
+    statuses = [status for _, status, _, _ in results]
+    assert set(statuses) <= {200, 503, 504}, [(s, a) for _, s, a, _ in results if s not in (200, 503, 504)]
+    for k, status, answer, headers in results:
+        if status == 200:  # each result is what its subnet predicts for that input
+            assert answer["prediction"] == reference(answer["subnet"], [inputs[k]])[0]["prediction"]
+        elif status == 503:  # a clear 503: JSON, and when to come back
+            assert headers.get("retry-after") == "1" and answer["error"], (answer, headers)
+    assert statuses.count(200) >= 0.9 * n, statuses
+    times = [t0, *sorted(answer_times)]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert max(gaps) <= 2.0, f"answers stopped for {max(gaps):.2f} s"
+    print(
+        f"router killed: {statuses.count(200)}/{n} answered 200, {statuses.count(503)} 503, "
+        f"{statuses.count(504)} 504, longest gap {max(gaps):.2f} s"
+    )
 
-        # The clock started at the proxy: each router's /metrics has the time its requests spent before it.
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        conn.request("GET", "/metrics")
-        scraped = conn.getresponse().read().decode()
-        conn.close()
-        waits = re.search(r"^subnetact_upstream_wait_seconds_count (\S+)$", scraped, re.M)
-        assert waits is not None and float(waits.group(1)) > 0, "Ray's proxy did not stamp X-Request-Start"
+    # The clock started at the proxy: each router's /metrics has the time its requests spent before it.
+    waits = served.metric("subnetact_upstream_wait_seconds_count")
+    assert waits is not None and waits > 0, "Ray's proxy did not stamp X-Request-Start"
 
-        # Serve replaces the dead router; the new one adopts the orphaned worker instead of loading a new one.
-        give_up = time.monotonic() + 60
-        replacement = None
-        while replacement is None and time.monotonic() < give_up:
-            for pid, st in _router_stats(router, 2, 10).items():
-                if pid != victim_pid and st["router_id"] not in {r["router_id"] for r in routers.values()}:
-                    replacement = st
-            time.sleep(0.2)
-        assert replacement is not None, "Serve did not replace the killed router within 60 s"
-        assert replacement["workers"] == [orphan] and replacement["adopted"] == 1 and replacement["started"] == 0
-        actors = ray.util.list_named_actors(all_namespaces=True)
-        names = {a["name"] for a in actors if a["namespace"] == WORKER_NAMESPACE}
-        assert len(names) == 2 and orphan in names, names
-        status, answer, _ = predict_once(port, inputs[0].tolist(), budget_ms=20000.0)
-        assert status == 200, answer
-    finally:
-        serve.shutdown()
-        left = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == WORKER_NAMESPACE]
-        ray.shutdown()
-    assert left == [], f"serve.shutdown() left detached workers running: {left}"
+    # Serve replaces the dead router; the new one adopts the orphaned worker instead of loading a new one.
+    give_up = time.monotonic() + 60
+    replacement = None
+    while replacement is None and time.monotonic() < give_up:
+        for pid, st in served.router_stats(2, 10).items():
+            if pid != victim_pid and st["router_id"] not in {r["router_id"] for r in routers.values()}:
+                replacement = st
+        time.sleep(0.2)
+    assert replacement is not None, "Serve did not replace the killed router within 60 s"
+    assert replacement["workers"] == [orphan] and replacement["adopted"] == 1 and replacement["started"] == 0
+    actors = ray.util.list_named_actors(all_namespaces=True)
+    names = {a["name"] for a in actors if a["namespace"] == WORKER_NAMESPACE}
+    assert len(names) == 2 and orphan in names, names
+    status, answer, _ = served.predict(inputs[0].tolist(), budget_ms=20000.0)
+    assert status == 200, answer
