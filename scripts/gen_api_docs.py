@@ -20,6 +20,10 @@ MODULES = [
     ("subnetact.train", "Supernet training: distillation from the original model, schedules, torchrun, checkpoints."),
     ("subnetact.digits", "The embedded digits supernet used by `subnetact demo`."),
     ("subnetact.serving", "Serving over HTTP: the ASGI front end, its backend, the model runner (extra `serve`)."),
+    (
+        "subnetact_proxy",
+        "What runs in Ray Serve's HTTP proxy: the X-Request-Start stamp, a dead router's requests sent again.",
+    ),
     ("scheduling", "The scheduler: profiles, policies, live scheduler, simulator, traces, metrics."),
 ]
 

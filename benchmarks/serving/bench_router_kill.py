@@ -2,15 +2,17 @@
 
     python benchmarks/serving/bench_router_kill.py --requests 600 --clients 16 --routers 1 2 --profile profile.json
 
-Starts a local Ray cluster (``ray.init(num_cpus=2)``, no dashboard), deploys the digits supernet with
-``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a closed-loop burst of ``--requests`` JSON
-predictions from ``--clients`` threads through Ray's HTTP proxy. When ``--kill-at`` of them are answered, one router
-replica's process gets SIGKILL. Each client retries idempotently: a 500/502/503 or a dropped connection is sent
-again with the remaining deadline (``--deadline-ms``). Reported per configuration:
+Starts a local Ray cluster (``subnetact.serving.ray_local.local_ray``: ``ray.init(num_cpus=2)``, no dashboard)
+whose HTTP proxy runs :class:`subnetact_proxy.ProxyEntry` (``--no-proxy-entry``: Ray's proxy alone), deploys the
+digits supernet with ``build_app(num_workers=2, num_routers=R)`` for each ``R`` and sends a closed-loop burst of
+``--requests`` JSON predictions from ``--clients`` threads through Ray's HTTP proxy. When ``--kill-at`` of them are
+answered, one router replica's process gets SIGKILL. Each client sends each request once; with ``--client-retry``
+it sends it again on a 500/502/503 or a dropped connection, with the remaining deadline (``--deadline-ms``).
+Reported per configuration:
 
-- final answers: 200 (checked against the same model in this process), 503, 504, and ``gave up`` (the client's
-  budget ran out with no answer: an unanswered request);
-- how many requests needed a retry, and what their failed attempts got (Ray's proxy's 500, a dropped connection...);
+- final answers: 200 (checked against the same model in this process), 500, 503, 504, 0 (the connection dropped),
+  and ``gave up`` (the client's budget ran out with no answer: an unanswered request);
+- how many requests needed a client retry, and what their failed attempts got;
 - the longest gap between consecutive answers during the burst (the outage a client sees);
 - kill -> a replacement router serving, and whether it adopted the dead router's worker (no model load).
 """
@@ -19,11 +21,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -40,81 +40,48 @@ sys.path.insert(0, str(ROOT))
 RETRY_STATUSES = (500, 502, 503)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def predict_with_retry(port: int, x: list, budget_ms: float) -> dict:
-    """POST /predict until an answer not worth retrying or the budget is spent. Returns the final status (or
-    ``"gave up"``), the body, and what each failed attempt got."""
+def predict(served, x: list, budget_ms: float, retry: bool) -> dict:
+    """POST /predict once, or (``retry``) until an answer not worth retrying or the budget is spent. Returns the
+    final status (0: the connection dropped; ``"gave up"``: no attempt was answered in time), the body, and what each
+    failed attempt got."""
     deadline = time.monotonic() + budget_ms / 1e3
     failed: list[str] = []
     final: dict = {"status": "gave up", "body": None}
     while (left_ms := 1e3 * (deadline - time.monotonic())) > 1.0:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=left_ms / 1e3 + 2.0)
-        try:
-            body_out = json.dumps({"input": x, "deadline_ms": left_ms})
-            conn.request("POST", "/predict", body_out, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            status, raw = resp.status, resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            failed.append(type(exc).__name__)
+        status, body, _ = served.predict(x, left_ms, timeout=left_ms / 1e3 + 2.0)
+        if status == 0 and retry:  # the connection dropped or timed out: send it again
+            failed.append(body["error"].split(":")[0])
             continue
-        finally:
-            conn.close()
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            body = {"error": raw.decode(errors="replace")}
         final = {"status": status, "body": body}
-        if status not in RETRY_STATUSES:
+        if not retry or status not in RETRY_STATUSES:
             break
         failed.append(str(status))
         time.sleep(0.02)
     return {**final, "failed": failed, "t": time.monotonic()}
 
 
-def _router_stats(router, want: int, limit_s: float) -> dict[int, dict]:
-    import ray
-
-    seen: dict[int, dict] = {}
-    give_up = time.monotonic() + limit_s
-    while len(seen) < want and time.monotonic() < give_up:
-        try:
-            st = router.stats.remote().result(timeout_s=30)
-        except ray.exceptions.RayError:
-            continue
-        seen[st["pid"]] = st
-    return seen
-
-
 def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
-    from ray import serve
-
+    from subnetact.serving.ray_local import serve_app
     from subnetact.serving.ray_serve import build_app
 
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    app = build_app(
-        spec,
-        num_workers=2,
-        num_routers=num_routers,
-        worker_options={"num_cpus": 0.5},
-        app_options={"default_deadline_ms": args.deadline_ms},
-        lease_s=args.lease_s,
+    served = serve_app(
+        build_app(
+            spec,
+            num_workers=2,
+            num_routers=num_routers,
+            worker_options={"num_cpus": 0.5},
+            app_options={"default_deadline_ms": args.deadline_ms},
+            lease_s=args.lease_s,
+        )
     )
-    serve.run(app, name="subnetact", route_prefix="/")
-    router = serve.get_deployment_handle("Router", app_name="subnetact")
-    routers = _router_stats(router, num_routers, 60)
+    routers = served.router_stats(num_routers, 60)
     victim_pid, victim = next(iter(routers.items()))
     n = args.requests
     answered = threading.Semaphore(0)
     killed_at: list[float] = []
 
     def one(k: int) -> dict:
-        out = predict_with_retry(port, inputs[k % len(inputs)], args.deadline_ms)
+        out = predict(served, inputs[k % len(inputs)], args.deadline_ms, args.client_retry)
         answered.release()
         return out
 
@@ -145,18 +112,18 @@ def run_one(num_routers: int, spec, reference, inputs, args) -> dict:
     known = {st["router_id"] for st in routers.values()}
     give_up = time.monotonic() + 120
     while replacement is None and time.monotonic() < give_up:
-        for st in _router_stats(router, num_routers, 5).values():
+        for st in served.router_stats(num_routers, 5).values():
             if st["router_id"] not in known:
                 replacement, t_replaced = st, time.monotonic() - kill
         time.sleep(0.1)
-    serve.shutdown()
+    served.shutdown()
     statuses = collections.Counter(r["status"] for r in results)
     return {
         "routers": num_routers,
         "requests": n,
         "final": dict(sorted(statuses.items(), key=str)),
         "wrong_predictions": wrong,
-        "retried": sum(bool(r["failed"]) for r in results),
+        "client_retried": sum(bool(r["failed"]) for r in results),
         "failed_attempts": dict(collections.Counter(f for r in results for f in r["failed"])),
         "longest_gap_s": round(max(gaps), 3),
         "burst_s": round(t_end - t0, 2),
@@ -180,13 +147,15 @@ def main() -> None:
     p.add_argument("--deadline-ms", type=float, default=20000.0, help="each request's budget, retries included")
     p.add_argument("--lease-s", type=float, default=3.0)
     p.add_argument("--profile", help="reuse a profile JSON instead of measuring one")
+    p.add_argument("--client-retry", action="store_true", help="clients send a request again on 500/502/503")
+    p.add_argument("--no-proxy-entry", action="store_true", help="Ray's proxy without subnetact_proxy.ProxyEntry")
     args = p.parse_args()
 
-    import ray
     import torch
 
     from subnetact import digits
     from subnetact.serving.digits import digits_spec, measure_digits_profile
+    from subnetact.serving.ray_local import local_ray
 
     torch.set_num_threads(1)
     if args.profile is None:
@@ -196,17 +165,12 @@ def main() -> None:
     reference = spec.build()
     inputs = digits.to_input(digits.test_split()[0][:200]).numpy().tolist()
     os.environ.setdefault("PYTHONPATH", str(ROOT))
+    print(f"proxy entry: {not args.no_proxy_entry}, client retry: {args.client_retry}", flush=True)
     print(f"load average before: {os.getloadavg()[0]:.2f}", flush=True)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    rows = []
-    try:
+    with local_ray(num_cpus=2, proxy_entry=not args.no_proxy_entry):
         for _ in range(args.rounds):
             for r in args.routers:
-                row = run_one(r, spec, reference, inputs, args)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    finally:
-        ray.shutdown()
+                print(json.dumps(run_one(r, spec, reference, inputs, args)), flush=True)
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

@@ -4,6 +4,9 @@ Endpoints:
 
 - ``POST /predict``: a JSON or safetensors body (:mod:`~subnetact.serving.codec`); the deadline budget is turned into
   an absolute time the moment the request's headers arrive, so time spent receiving the body counts against it.
+  With ``trust_request_start`` (the Ray router sets it) the budget and the latency start earlier, at the request's
+  ``X-Request-Start`` (stamped by Ray's proxy, :mod:`subnetact_proxy`, or a load balancer) when it is plausible;
+  the wait before the front end is recorded in ``/metrics`` (``subnetact_upstream_wait_seconds``).
   Answers (always a JSON body):
 
   ====  ==========================================================================================================
@@ -50,6 +53,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +66,7 @@ from scheduling import (
     SchedulerClosedError,
     WorkerFailedError,
 )
+from subnetact_proxy import REQUEST_START_HEADER, parse_request_start
 
 from .backend import Backend
 from .codec import (
@@ -83,6 +88,7 @@ __all__ = ["ServingApp"]
 
 _log = logging.getLogger("subnetact.serving")
 _CLOSE = {"connection": "close"}
+REQUEST_START = REQUEST_START_HEADER.encode()
 ARRIVED = "subnetact.arrived"
 """ASGI scope key: ``(time.perf_counter(), time.time())`` when the request's headers arrived."""
 
@@ -116,6 +122,10 @@ class ServingApp:
             are parsed on the thread pool. Default 2.
         process_decode_bytes: JSON bodies larger than this go to a child process (about 1 ms of parsing; below it
             a thread costs less than the pipe). Default 64 KiB.
+        trust_request_start: Start each request's budget and latency at its ``X-Request-Start`` header (see
+            :func:`subnetact_proxy.parse_request_start`: malformed or implausible values are ignored and counted;
+            a stamp can shorten a budget, never lengthen it). Default ``False``: a server facing clients directly
+            starts the clock when the headers arrive; the Ray router, behind Ray's proxy, sets it.
 
     Attributes:
         metrics: The :class:`~subnetact.serving.metrics.ServingMetrics` behind ``GET /metrics``.
@@ -134,6 +144,7 @@ class ServingApp:
         inline_decode_bytes: int = 16 << 10,
         decode_processes: int = 2,
         process_decode_bytes: int = 64 << 10,
+        trust_request_start: bool = False,
     ) -> None:
         from starlette.applications import Starlette
         from starlette.exceptions import HTTPException
@@ -163,6 +174,7 @@ class ServingApp:
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="subnetact-decode")
         self.process_decode_bytes = process_decode_bytes
         self._decode_children = DecodePool(self.input_shape, decode_processes) if decode_processes else None
+        self.trust_request_start = bool(trust_request_start)
         self.draining = False  # new predictions are refused (503)
         self.unready = False  # /readyz answers 503, predictions are still served
         self.metrics = ServingMetrics(
@@ -187,7 +199,23 @@ class ServingApp:
         # the scope when the headers were parsed (subnetact.serving.serve does).
         if ARRIVED not in scope:
             scope[ARRIVED] = (time.perf_counter(), time.time())
+        if self.trust_request_start and scope["type"] == "http":
+            self._start_at_request_start(scope)
         await self._app(scope, receive, send)
+
+    def _start_at_request_start(self, scope) -> None:
+        """Move the scope's arrival back to its ``X-Request-Start`` (the proxy's entry), recording the wait."""
+        stamps = [value for name, value in scope.get("headers", ()) if name.lower() == REQUEST_START]
+        if not stamps:
+            return
+        arrived, arrived_wall = scope[ARRIVED]
+        start = parse_request_start(stamps[0], arrived_wall) if len(stamps) == 1 else None
+        if start is None:
+            self.metrics.request_start_ignored.inc()
+            return
+        waited = arrived_wall - start
+        self.metrics.upstream_wait.observe(waited)
+        scope[ARRIVED] = (arrived - waited, start)
 
     def mark_unready(self) -> None:
         """Answer ``/readyz`` with 503 from now on, still serving predictions (the first phase of a drain)."""
@@ -245,7 +273,7 @@ class ServingApp:
         if length is not None and int(length) > self.max_body_bytes:  # the HTTP parser already checked it is an int
             raise self._too_large(int(length))
         try:
-            body = await asyncio.wait_for(self._read_body(request), self.body_timeout_s)
+            body = await _within(self._read_body(request), self.body_timeout_s)
         except asyncio.TimeoutError:
             raise _Answer(
                 408, "timeout", {"error": f"the body did not arrive within {self.body_timeout_s:g} s"}, _CLOSE
@@ -265,7 +293,7 @@ class ServingApp:
         try:
             # The backstop: the backend should answer by the deadline (+ its grace); if it does not, we do.
             backstop = max(0.0, deadline_wall - time.time()) + self.backstop_s
-            result = await asyncio.wait_for(self.backend.infer(payload, deadline_wall), backstop)
+            result = await _within(self.backend.infer(payload, deadline_wall), backstop)
         except DeadlineMissedError as exc:  # first: it is also a TimeoutError
             raise _Answer(
                 504, "deadline_missed", {"error": "deadline missed", "detail": str(exc), "deadline_ms": budget_ms}
@@ -386,6 +414,21 @@ class ServingApp:
         self._decode_pool.shutdown(wait=False)
         if self._decode_children is not None:
             await self._decode_children.aclose()
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable, seconds: float):
+        """``await awaitable``, cancelled with ``TimeoutError`` after ``seconds``: a timer on the request's own task.
+
+        ``asyncio.wait_for`` would wrap the awaitable in a task of its own, one more task and two more event-loop
+        turns per call; twice per request, that was a third of the front end's per-request CPU (issue 22, hey at 64
+        connections: ``docs/benchmarks.md``)."""
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # Python 3.10: no asyncio.timeout
+    _within = asyncio.wait_for
 
 
 def _peer(request) -> str:

@@ -10,6 +10,11 @@ Exposed at ``GET /metrics`` in Prometheus' text format:
 - ``subnetact_queue_length``: requests waiting in the scheduler's queue (gauge, read at scrape time).
 - ``subnetact_workers_stuck``: workers whose batch ran past a request's deadline + grace and has not returned
   (gauge, read at scrape time; backends that can tell).
+- ``subnetact_upstream_wait_seconds``: time from a request's ``X-Request-Start`` (stamped by Ray's proxy, or a load
+  balancer) to its arrival at this front end, where the front end honours the header (the Ray router does): the hop
+  before the front end, already counted in the request's budget and latency (histogram).
+- ``subnetact_request_start_ignored``: ``X-Request-Start`` values ignored as malformed or implausible (counter; the
+  budget of those requests starts at the front end).
 
 404/405 answers are counted (``outcome="not_found"`` / ``"method_not_allowed"``) in both the counter and the latency
 histogram; a client that disconnected before its body arrived as ``outcome="client_disconnected"``.
@@ -88,6 +93,17 @@ class ServingMetrics:
         )
         if stuck_workers is not None:
             self.stuck_workers.set_function(stuck_workers)
+        self.upstream_wait = Histogram(
+            "subnetact_upstream_wait_seconds",
+            "Time from X-Request-Start (Ray's proxy or a load balancer) to the front end.",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.request_start_ignored = Counter(
+            "subnetact_request_start_ignored",
+            "X-Request-Start values ignored as malformed or implausible.",
+            registry=self.registry,
+        )
         self.window = LatencyWindow()
 
     def observe(self, outcome: str, seconds: float, subnet: object = None, *, window: bool = True) -> None:

@@ -253,7 +253,9 @@ class Router:
             self.workers[w.wid] = w
         self._stop_leases = threading.Event()
         self._start_lease_keeper()
-        self.front_end = ServingApp(self, input_shape=spec.input_shape, **(app_options or {}))
+        # Behind Ray's proxy: the budget starts at the proxy's X-Request-Start (subnetact_proxy) when it is there.
+        app_options = {"trust_request_start": True, **(app_options or {})}
+        self.front_end = ServingApp(self, input_shape=spec.input_shape, **app_options)
 
     def __serve_build_asgi_app__(self) -> ServingApp:
         return self.front_end

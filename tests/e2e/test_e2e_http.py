@@ -149,7 +149,10 @@ def test_concurrent_keepalive_clients_are_batched_without_resets(served):
         conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)  # one keep-alive connection
         out = []
         for k in range(c, 192, 64):
-            conn.request("POST", "/predict", json.dumps({"input": inputs[k].tolist()}), JSON)
+            # A long budget: this test is about batching and connection handling; 64 client threads share the GIL
+            # with the server, and on a loaded 2-core machine a request waited past the 2 s default (CI, 04:00 UTC).
+            body = {"input": inputs[k].tolist(), "deadline_ms": 20000}
+            conn.request("POST", "/predict", json.dumps(body), JSON)
             resp = conn.getresponse()
             out.append((k, resp.status, json.loads(resp.read())))
         conn.close()
@@ -157,7 +160,8 @@ def test_concurrent_keepalive_clients_are_batched_without_resets(served):
 
     with ThreadPoolExecutor(64) as pool:
         answers = [a for part in pool.map(client, range(64)) for a in part]
-    assert len(answers) == 192 and all(s == 200 for _, s, _ in answers)
+    assert len(answers) == 192
+    assert all(s == 200 for _, s, _ in answers), sorted({(s, json.dumps(a)[:200]) for _, s, a in answers if s != 200})
     correct = sum(a["prediction"] == int(labels[k]) for k, _, a in answers)
     assert correct >= 0.9 * 192  # every served subnet is >= 90 % accurate on the test split
     assert max(a["batch_size"] for _, _, a in answers) > 1
