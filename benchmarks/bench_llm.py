@@ -8,7 +8,14 @@ for a prefill of ``--seq`` tokens and for one decode step on a cache of ``--seq`
 reported per subnet and the median over subnets is the headline. Actuation is timed per ``actuate(cfg)`` call,
 cycling through the (already compiled) subnets.
 
+``--clock cpu`` times each call by this process's CPU time (``time.process_time``) instead of the wall clock: on a
+shared machine the other jobs' time slices then drop out (they still share caches and memory bandwidth). ``--control``
+adds an A/A control timed in the same interleaving: for the max subnet the plain, unconverted model class holding the
+supernet's very Parameters (same memory, so any gap is the operators' cost), for the others a second, independent
+export (its ratio to the first is the noise floor of the measurement, memory placement included).
+
     python benchmarks/bench_llm.py --batch-sizes 1 8 --seq 32 --reps 15 --threads 1
+    python benchmarks/bench_llm.py --batch-sizes 1 8 --seq 32 --reps 7 --random 2 --threads 1 --clock cpu --control
 """
 
 from __future__ import annotations
@@ -87,11 +94,25 @@ def _fresh_copies(cache, token: torch.Tensor):
     return lambda: {"input_ids": token, CACHE: copy.deepcopy(cache)}
 
 
-def timed(fn, inputs) -> float:
+def timed(fn, inputs, clock=time.perf_counter) -> float:
     kwargs = inputs()
-    start = time.perf_counter()
+    start = clock()
     fn(**kwargs)
-    return time.perf_counter() - start
+    return clock() - start
+
+
+def plain_twin(model: torch.nn.Module) -> torch.nn.Module:
+    """The original (unconverted) model class holding ``model``'s very Parameters and buffers: the same memory, so a
+    gap between it and the max subnet is the operators' own cost, not where the weights happen to lie."""
+    with torch.device("meta"):
+        twin = transformers.AutoModelForCausalLM.from_config(model.config)
+    twin.load_state_dict(model.state_dict(), assign=True, strict=False)
+    own = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    for name, tensor in [*twin.named_parameters(remove_duplicate=False), *twin.named_buffers(remove_duplicate=False)]:
+        if tensor.is_meta:  # tied weights and non-persistent buffers (rotary inv_freq) are not in the state_dict
+            owner, _, attr = name.rpartition(".")
+            setattr(twin.get_submodule(owner), attr, own[name])
+    return twin.eval()
 
 
 def main() -> None:
@@ -103,6 +124,8 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=2, help="random subnets besides the fixed ones")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--calls", type=int, default=20000, help="actuate() calls timed")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall clock or process CPU time")
+    parser.add_argument("--control", action="store_true", help="also time an A/A control (see above)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -113,14 +136,23 @@ def main() -> None:
     convert_s = time.perf_counter() - start
     configs = subnets(model.space, args.random)
     act = actuation_us(model, list(configs.values()), args.calls)
-    print(f"{machine()}; threads={args.threads}; load average {os.getloadavg()[0]:.1f}; convert {convert_s:.1f} s")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    print(
+        f"{machine()}; threads={args.threads}; clock {args.clock}; load average {os.getloadavg()[0]:.1f}; "
+        f"convert {convert_s:.1f} s"
+    )
     print(f"actuate(cfg): median {median(act):.2f} us, p99 {percentile(act, 99):.2f} us over {args.calls} calls")
 
-    results = {"actuation_us": {"median": median(act), "p99": percentile(act, 99)}, "forward": []}
+    results = {"clock": args.clock, "actuation_us": {"median": median(act), "p99": percentile(act, 99)}, "forward": []}
     exports = {name: model.export(cfg).eval() for name, cfg in configs.items()}
+    controls = {}
+    if args.control:
+        controls = {
+            name: plain_twin(model) if name == "max" else model.export(cfg).eval() for name, cfg in configs.items()
+        }
     for mode in ("prefill", "decode"):
         for batch in args.batch_sizes:
-            ratios = []
+            ratios, control_ratios = [], []
             for name, cfg in configs.items():
                 exported = exports[name]
                 ours = step_inputs(model, batch, args.seq, mode == "decode")
@@ -128,30 +160,43 @@ def main() -> None:
                 with torch.no_grad():
                     if mode == "decode":  # the supernet's cache must be written by this subnet
                         ours = _subnet_cache(model, cfg, batch, args.seq)
-                    a_times, e_times = [], []
+                    runs = [(functools.partial(model, subnet=cfg), ours), (exported, theirs)]
+                    if name in controls:
+                        runs.append((controls[name], step_inputs(controls[name], batch, args.seq, mode == "decode")))
+                    times = [[] for _ in runs]
                     for rep in range(args.warmup + args.reps):
-                        a = timed(functools.partial(model, subnet=cfg), ours)
-                        e = timed(exported, theirs)
-                        if rep >= args.warmup:
-                            a_times.append(a)
-                            e_times.append(e)
-                ratio = median(a_times) / median(e_times)
+                        for (fn, inputs), out in zip(runs, times):
+                            t = timed(fn, inputs, clock)
+                            if rep >= args.warmup:
+                                out.append(t)
+                a_time, e_time = median(times[0]), median(times[1])
+                ratio = a_time / e_time
                 ratios.append(ratio)
-                results["forward"].append(
-                    {
-                        "mode": mode,
-                        "batch": batch,
-                        "subnet": name,
-                        "actuated_ms": median(a_times) * 1e3,
-                        "exported_ms": median(e_times) * 1e3,
-                        "ratio": ratio,
-                    }
+                row = {
+                    "mode": mode,
+                    "batch": batch,
+                    "subnet": name,
+                    "actuated_ms": a_time * 1e3,
+                    "exported_ms": e_time * 1e3,
+                    "ratio": ratio,
+                }
+                line = (
+                    f"{mode:7s} batch {batch}  {name:10s} actuated {a_time * 1e3:8.2f} ms  exported "
+                    f"{e_time * 1e3:8.2f} ms  ratio {ratio:.3f}"
                 )
-                print(
-                    f"{mode:7s} batch {batch}  {name:10s} actuated {median(a_times) * 1e3:8.2f} ms  exported "
-                    f"{median(e_times) * 1e3:8.2f} ms  ratio {ratio:.3f}"
-                )
-            print(f"{mode:7s} batch {batch}  median ratio {median(ratios):.3f}, max {max(ratios):.3f}")
+                if name in controls:
+                    row["control_ms"] = median(times[2]) * 1e3
+                    row["control_ratio"] = median(times[2]) / e_time
+                    row["actuated_over_control"] = a_time / median(times[2])
+                    control_ratios.append(row["control_ratio"])
+                    kind = "original" if name == "max" else "export 2"
+                    line += f"  ({kind} {row['control_ms']:8.2f} ms: {kind}/exported {row['control_ratio']:.3f})"
+                results["forward"].append(row)
+                print(line)
+            line = f"{mode:7s} batch {batch}  median ratio {median(ratios):.3f}, max {max(ratios):.3f}"
+            if control_ratios:
+                line += f"; control/exported median {median(control_ratios):.3f}, max {max(control_ratios):.3f}"
+            print(line)
     print(f"load average after: {os.getloadavg()[0]:.1f}")
     if args.json:
         with open(args.json, "w") as f:

@@ -116,6 +116,12 @@ def main() -> None:
     parser.add_argument("--layer-weight", type=float, default=1.0, help="weight of the per-layer hidden-state loss")
     parser.add_argument("--full-weight", type=float, default=1.0, help="loss weight of the full model")
     parser.add_argument("--train-max-length", type=int, default=None)
+    parser.add_argument(
+        "--depth-rule",
+        choices=["every_other", "spread"],
+        default=None,
+        help="which layers a smaller depth keeps (ConvertConfig.depth_rule; default: the encoder's, every_other)",
+    )
     parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--out", type=Path, default=Path("minilm-run"))
     args = parser.parse_args()
@@ -163,7 +169,7 @@ def main() -> None:
     import copy
 
     original = copy.deepcopy(model)  # the reference every table row is measured against
-    subnetact.convert(model)
+    subnetact.convert(model, subnetact.ConvertConfig(depth_rule=args.depth_rule))
     space = model.space
     served = [
         space.make(depth=6, width=1.0),
@@ -260,6 +266,7 @@ def main() -> None:
         "threads": args.threads,
         "teacher": args.teacher,
         "schedule": args.schedule,
+        "depth_rule": args.depth_rule or "every_other",
         "steps": result.steps,
         "batch_size": bs,
         "lr": args.lr,

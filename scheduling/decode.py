@@ -21,12 +21,13 @@ is *on time* when it is emitted by its deadline; every token is emitted (no sequ
 2. *Prefill subnet*: the most accurate whose prefill latency (profiled per prompt *tokens*: ``n`` times the longest
    admitted prompt, the padded batch) fits the newcomers' first-token slack and the running sequences' slack left
    after their next decode step.
-3. *Decode subnet* (:meth:`DecodeScheduler.plan_decode`): among the subnets whose token throughput sustains the
-   measured demand (SlackFit's sustainable choices; ``headroom``), the most accurate whose step latency at the
-   running batch size fits the *step budget*: the slack of the earliest next-token deadline (SlackFit's question
-   with the batch fixed), tightened by the waiting sequences' first-token deadlines (each gets the first slot to
-   free up, after the prefills ahead of it; see ``_step_budget``), SlackFit's backlog rule for decoding. The prefill
-   subnet is chosen among the same sustainable subnets.
+3. *Decode subnet* (:meth:`DecodeScheduler.plan_decode`): among the subnets that sustain the measured demand
+   (SlackFit's sustainable choices; ``headroom``; :meth:`DecodeScheduler.utilization`: the arrivals' prefills and
+   their further tokens' share of a decode step, as a fraction of the engine's time), the most accurate whose
+   step latency at the running batch size fits the *step budget*: the slack of the earliest next-token deadline
+   (SlackFit's question with the batch fixed), tightened by the waiting sequences' first-token deadlines (each gets
+   the first slot to free up, after the prefills ahead of it; see ``_step_budget``), SlackFit's backlog rule for
+   decoding. The prefill subnet is chosen among the same sustainable subnets.
 
 The loop cannot see a burst coming: steps run wide while the demand and the queue allow it, so a burst that arrives
 when the batch is full finds slots that free up later than under a narrow fixed width; ``headroom`` trades width for
@@ -159,12 +160,12 @@ class DecodeScheduler:
         subnet_ids: Restrict every decision to these subnets (default: all). One id is a fixed subnet.
         latency_stat: ``"mean"`` (default: exact for a simulation from the same profile) or ``"p99"`` (plan at the
             tail, for wall-clock runs).
-        rate_window_s: Time constant of the demand estimate (output tokens asked per second, a decaying count of
-            the arrivals' ``max_new_tokens``); default ``ttft_s``.
-        headroom: Only subnets whose token throughput at :attr:`sustainable_batch` is at least ``headroom`` times
-            the demand are chosen (at least the fastest), as SlackFit keeps to sustainable choices. Default 1.0:
-            keep up on average; more keeps spare capacity for bursts at the cost of width (measured in
-            ``docs/llm.md``).
+        rate_window_s: Time constant of the demand estimate (decaying counts of the arrivals, their prompt tokens
+            and their ``max_new_tokens``); default ``ttft_s``.
+        headroom: Only subnets whose :meth:`utilization` (the fraction of the engine's time the measured demand
+            needs: prefills and decode steps) is at most ``1 / headroom`` are chosen (at least the one needing the
+            least time), as SlackFit keeps to sustainable choices. Default 1.0: keep up on average; more keeps spare
+            capacity for bursts at the cost of width, less allows more width (measured in ``docs/llm.md``).
         adaptive: Correct the profiles online from the iteration times the host reports (:meth:`record`), with a
             :class:`~scheduling.LatencyModel` per profile; for wall-clock runs (default ``False``: plan with the
             profiles as given, exact for a simulation from them).
@@ -231,8 +232,12 @@ class DecodeScheduler:
         self._plan(decode_profile, prefill_profile)
         # Adaptive planning: the measured iteration times correct the profiles online (issue 12's LatencyModel).
         self.latency_models = (LatencyModel(decode_profile), LatencyModel(prefill_profile)) if adaptive else None
-        self._rate = self._rate_t = 0.0  # output tokens asked per second (decayed count), as of _rate_t
+        # Decayed counts of the arrivals (sequences, prompt tokens, output tokens) over rate_window_s, as of _rate_t:
+        # the demand in output tokens per second is _rate[2]; the work it asks of each subnet follows from all three.
+        self._rate = [0.0, 0.0, 0.0]
+        self._rate_t = 0.0
         self._counted = 0  # sequences whose arrival the rate has seen
+        self._admitted = 1.0  # sequences per prefill, a moving average (prefilled together, prompts cost less each)
         self._accuracy = {s.id: s.accuracy for s in decode_profile.subnets}
         self.records: list[SequenceRecord] = []
         self._waiting: deque[int] = deque()  # submitted, not admitted, in arrival order
@@ -249,15 +254,18 @@ class DecodeScheduler:
         fits = [b for b in range(1, self.max_batch + 1) if self.decode_policy.min_latency(b) <= self.tpot_s]
         self.sustainable_batch = max(fits, default=1)
         self.max_prompt_tokens = self.prefill_policy.largest_batch
-        # Token throughput of each subnet at the sustainable batch, fastest first: the subnets that keep up with a
-        # demand are a prefix of this order (SlackFit's sustainable choices, one table per prefix).
+        # What one sequence costs each subnet: its prefill (profiled per prompt tokens, prefilled alone: admission
+        # mostly takes one or two at a time) and, per further token, a share of a step at the sustainable batch. The
+        # prefill counts: on a CPU a 16-token prefill of SmolLM2 takes about three decode steps, so a width whose
+        # decode steps alone keep up with the demand may still fall behind (issue 24).
         ids = self.decode_policy.subnet_ids or decode_profile.ids
         batch = self.sustainable_batch
-        cap = {i: batch / IterationFit(decode_profile, subnet_ids=[i], latency_stat=stat).min_latency(batch)
-               for i in ids}  # fmt: skip
-        self._by_capacity = sorted(ids, key=lambda i: -cap[i])
-        self._capacity = [cap[i] for i in self._by_capacity]
-        self._levels: dict[int, tuple[IterationFit, IterationFit]] = {}
+        self._ids = tuple(ids)
+        self._token_cost = {
+            i: IterationFit(decode_profile, subnet_ids=[i], latency_stat=stat).min_latency(batch) / batch for i in ids
+        }
+        self._prefill_fits = {i: IterationFit(prefill_profile, subnet_ids=[i], latency_stat=stat) for i in ids}
+        self._levels: dict[tuple[SubnetId, ...], tuple[IterationFit, IterationFit]] = {}
         self._profiles = (decode_profile, prefill_profile, stat)
 
     def record(self, plan: Prefill | DecodeStep, service_s: float, now: float) -> bool:
@@ -338,38 +346,59 @@ class DecodeScheduler:
         return min(self._deadline(self.records[i], len(self.records[i].token_times_s)) for i in self._running) - now
 
     # --------------------------------------------------------------- load
-    def _observe(self, now: float) -> None:
-        """Count the arrivals up to ``now`` into the demand (output tokens per second, decaying count)."""
-        recs = self.records
+    def _observe(self, now: float) -> list[float]:
+        """Count the arrivals up to ``now`` into the decayed rates and return them decayed to ``now``: sequences,
+        prompt tokens and output tokens per second."""
+        recs, rate, window = self.records, self._rate, self.rate_window_s
         while self._counted < len(recs) and recs[self._counted].arrival_s <= now:
             rec = recs[self._counted]
             dt = rec.arrival_s - self._rate_t
             if dt > 0:
-                self._rate *= math.exp(-dt / self.rate_window_s)
+                decay = math.exp(-dt / window)
+                rate[:] = [r * decay for r in rate]
                 self._rate_t = rec.arrival_s
-            self._rate += rec.max_new_tokens / self.rate_window_s
+            rate[0] += 1 / window
+            rate[1] += rec.prompt_tokens / window
+            rate[2] += rec.max_new_tokens / window
             self._counted += 1
+        dt = now - self._rate_t
+        return [r * math.exp(-dt / window) for r in rate] if dt > 0 else list(rate)
 
     def demand(self, now: float) -> float:
         """The measured demand, in output tokens per second, decayed to ``now``."""
-        self._observe(now)
-        dt = now - self._rate_t
-        return self._rate * math.exp(-dt / self.rate_window_s) if dt > 0 else self._rate
+        return self._observe(now)[2]
+
+    def utilization(self, now: float) -> dict[SubnetId, float]:
+        """The fraction of the engine's time each subnet would need for the measured demand, decayed to ``now``.
+
+        Per second, the arriving sequences' prefills (each alone, at the mean prompt length) and their other output
+        tokens (a share of a decode step at :attr:`sustainable_batch` each). Above 1 the subnet falls behind.
+        """
+        seqs, prompt_tokens, output_tokens = self._observe(now)
+        if seqs <= 0:
+            return dict.fromkeys(self._ids, 0.0)
+        prompt = max(1, math.ceil(prompt_tokens / seqs - 1e-9))
+        together = max(1, min(round(self._admitted), self.max_prompt_tokens // prompt))
+        later = max(0.0, output_tokens - seqs)  # every output token but each sequence's first (the prefill's)
+        return {
+            i: seqs * self._prefill_fits[i].min_latency(together * prompt) / together + later * self._token_cost[i]
+            for i in self._ids
+        }
 
     def _policies(self, now: float) -> tuple[IterationFit, IterationFit]:
-        """The decode and prefill policies over the subnets that sustain the demand (at least the fastest)."""
-        need = self.headroom * self.demand(now)
-        k = max(1, sum(c >= need for c in self._capacity))
-        if k == len(self._capacity):
+        """The decode and prefill policies over the subnets that sustain the demand with ``headroom`` (at least the
+        one needing the least time)."""
+        use = self.utilization(now)
+        ids = tuple(i for i in self._ids if self.headroom * use[i] <= 1.0) or (min(self._ids, key=use.__getitem__),)
+        if len(ids) == len(self._ids):
             return self.decode_policy, self.prefill_policy
-        if k not in self._levels:
+        if ids not in self._levels:
             decode, prefill, stat = self._profiles
-            ids = self._by_capacity[:k]
-            self._levels[k] = (
+            self._levels[ids] = (
                 IterationFit(decode, subnet_ids=ids, latency_stat=stat),
                 IterationFit(prefill, subnet_ids=ids, latency_stat=stat),
             )
-        return self._levels[k]
+        return self._levels[ids]
 
     # --------------------------------------------------------------- prefill
     def _prompt_batch(self, n: int) -> int:
@@ -429,6 +458,7 @@ class DecodeScheduler:
         for _ in plan.seq_ids:
             self._waiting.popleft()
         self._prefills += 1
+        self._admitted += (len(plan.seq_ids) - self._admitted) / 8
         self._running.extend(plan.seq_ids)
         self._emit(now, plan.seq_ids, plan.subnet_id, ended)
 

@@ -262,7 +262,7 @@ def apply_conversion(
         plan.prepare(model)
     replaced: list[tuple[nn.Module, str, Any]] = []
     try:
-        _insert_operators(model, plan, entries, replaced)
+        _insert_operators(model, plan, entries, replaced, config.depth_rule)
         ops = [m for m in model.modules() if isinstance(m, Operator)]
         index = {id(op): i for i, op in enumerate(ops)}
         by_path: dict[str, list[tuple[int, StagePlan]]] = {}
@@ -291,10 +291,15 @@ def apply_conversion(
 
 
 def _insert_operators(
-    model: nn.Module, plan: ConversionPlan, entries: list[tuple[str, OperatorEntry]], replaced: list
+    model: nn.Module,
+    plan: ConversionPlan,
+    entries: list[tuple[str, OperatorEntry]],
+    replaced: list,
+    depth_rule: str | None = None,
 ) -> None:
     """Replace every planned module by the operator its kind's handler builds (:mod:`subnetact.handlers`), every
-    other BatchNorm by an unsliced :class:`SubnetNorm`, and every stage by a :class:`LayerSelect`."""
+    other BatchNorm by an unsliced :class:`SubnetNorm`, and every stage by a :class:`LayerSelect` that keeps blocks
+    by ``depth_rule`` (:attr:`ConvertConfig.depth_rule`) or, when that is ``None``, by the stage's plan."""
     for path, entry in entries:
         _replace(model, path, build_operator(path, model.get_submodule(path), entry), replaced)
     unsliced = OperatorEntry("norm", (None,))
@@ -302,7 +307,7 @@ def _insert_operators(
         if sliceable_kind(module) == "norm" and not isinstance(module, Operator):
             _replace(model, path, build_operator(path, module, unsliced), replaced)
     for path in dict.fromkeys(stage.path for stage in plan.stages):
-        rule = next(s.rule for s in plan.stages if s.path == path)
+        rule = depth_rule or next(s.rule for s in plan.stages if s.path == path)
         select = OperatorEntry("layer_select", (), rule)
         _replace(model, path, build_operator(path, model.get_submodule(path), select), replaced)
 

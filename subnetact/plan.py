@@ -19,7 +19,7 @@ from ._registry import ClassRegistry
 from .checks import is_int, is_real
 from .errors import ConfigError, UnsupportedModelError
 from .handlers import OperatorEntry
-from .layer_select import PREFIX
+from .layer_select import PREFIX, RULES
 from .space import Entry
 from .state import ChannelGroup
 
@@ -34,10 +34,16 @@ class ConvertConfig:
             :func:`~subnetact.state.active_size`.
         min_depth: smallest number of blocks per stage (clamped to the stage's length; at least 1, because the
             first block of a stage changes the shape and always runs).
+        depth_rule: which blocks a stage keeps at a smaller depth (:func:`~subnetact.kept_layers`): ``None`` (default)
+            the analysis's own choice (``"prefix"`` for convolutional stages, ``"every_other"`` for transformer
+            layer stacks), or ``"prefix"``, ``"every_other"`` or ``"spread"`` for every stage. ``"spread"`` keeps the
+            first and the last block of each stage; use it when the output is read off the last block, as a
+            sentence encoder's embedding is.
     """
 
     width_choices: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     min_depth: int = 1
+    depth_rule: str | None = None
 
     def __post_init__(self) -> None:
         choices = tuple(self.width_choices)
@@ -51,6 +57,8 @@ class ConvertConfig:
             raise ConfigError(f"width_choices={choices!r} must be strictly increasing")
         if not is_int(self.min_depth) or self.min_depth < 1:
             raise ConfigError(f"min_depth={self.min_depth!r} must be an int >= 1")
+        if self.depth_rule is not None and self.depth_rule not in RULES:
+            raise ConfigError(f"depth_rule={self.depth_rule!r} must be None or one of {RULES}")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -9,10 +9,13 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from tiny_models import TINY_MODELS, image_batch
 
 import subnetact
 from subnetact import InvalidSubnetError, UncalibratedSubnetWarning
+from subnetact.layer_select import RULES
 from subnetact.state import ActuationState
 
 
@@ -206,3 +209,24 @@ def test_deepcopy_and_dtype_moves_keep_plans_valid(model):
         model.double()
         torch.testing.assert_close(model(x.double()), model.export(cfg)(x.double()))
         torch.testing.assert_close(model(x.double()).float(), y, rtol=1e-4, atol=1e-4)
+
+
+@given(st.integers(1, 40).flatmap(lambda n: st.tuples(st.just(n), st.integers(0, n))))
+def test_kept_layers_rules_keep_depth_distinct_blocks(n_depth):
+    n, depth = n_depth
+    for rule in RULES:
+        kept = subnetact.kept_layers(n, depth, rule)
+        assert len(kept) == depth and kept == sorted(set(kept)) and all(0 <= i < n for i in kept)
+        assert depth == 0 or kept[0] == 0  # the first block (it may change the shape) always runs
+    spread = subnetact.kept_layers(n, depth, "spread")
+    if depth >= 2:
+        assert spread[-1] == n - 1
+        # evenly spread: each index is i * (n - 1) / (depth - 1) rounded, so within half a block of it
+        assert all(abs(k - i * (n - 1) / (depth - 1)) <= 0.5 for i, k in enumerate(spread))
+
+
+def test_kept_layers_by_hand():
+    assert subnetact.kept_layers(12, 6, "every_other") == [0, 2, 4, 6, 8, 10]  # DynaBERT at depth 0.5
+    assert subnetact.kept_layers(12, 6, "spread") == [0, 2, 4, 7, 9, 11]
+    assert subnetact.kept_layers(6, 3, "spread") == [0, 3, 5]
+    assert subnetact.kept_layers(6, 4, "prefix") == [0, 1, 2, 3]

@@ -211,6 +211,11 @@ def main() -> None:
         help="take the baselines' results from a saved --json run instead of re-running them (same cells, seeds and "
         "duration): judge SlackFit variants in a fraction of the time",
     )
+    ap.add_argument(
+        "--only-missed",
+        help="run only the cells where the subject missed a target in this saved --json run (e.g. again with longer "
+        "traces, to tell a transient from a steady loss)",
+    )
     args = ap.parse_args()
     if args.from_json:
         report_saved(args)
@@ -244,6 +249,14 @@ def main() -> None:
         for c in args.cv2
         for s in args.slo_ms
     ]
+    if args.only_missed:
+        with open(args.only_missed) as f:
+            missed = {
+                tuple(c["cell"][k] for k in ("workers", "rate", "cv2", "slo_ms", "interference"))
+                for c in json.load(f)["cells"]
+                if not c["verdict"]["ok"]
+            }
+        cells = [c for c in cells if c in missed]
     if saved:
         missing = [c for c in cells if c not in saved]
         if missing:

@@ -197,3 +197,41 @@ def test_transformers_4_is_refused_with_an_actionable_error(monkeypatch):
     with pytest.raises(subnetact.UnsupportedModelError, match=expected):
         subnetact.convert(model)
     assert not isinstance(model, subnetact.SupernetMixin)
+
+
+def test_depth_rule_spread_runs_the_first_and_last_layers():
+    """``ConvertConfig(depth_rule="spread")``: depth D runs the layers ``kept_layers(L, D, "spread")``, first and last
+    included. Reference: the original model with its layer list cut to those layers by hand (no subnetact)."""
+    original = make("bert")
+    reference = copy.deepcopy(original)
+    model = subnetact.convert(original, subnetact.ConvertConfig(depth_rule="spread"))
+    assert "rule='spread'" in repr(model.bert.encoder.layer)
+    x = inputs("bert")
+    for depth, kept in ((1, [0]), (2, [0, 3]), (3, [0, 2, 3]), (4, [0, 1, 2, 3])):
+        assert subnetact.kept_layers(LAYERS, depth, "spread") == kept
+        cut = copy.deepcopy(reference)
+        cut.bert.encoder.layer = torch.nn.ModuleList([cut.bert.encoder.layer[i] for i in kept])
+        cut.config.num_hidden_layers = len(kept)
+        with torch.no_grad():
+            want = cut(**x).logits
+            cfg = model.space.make(depth=depth, width=1.0)
+            got = model(**x, subnet=cfg).logits
+            exported = subnetact.export(model, cfg)(**x).logits
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(exported, want, atol=1e-6, rtol=1e-5)
+
+
+def test_depth_rule_survives_save_load(tmp_path):
+    model = subnetact.convert(make("bert"), subnetact.ConvertConfig(depth_rule="spread"))
+    cfg = model.space.make(depth=2, width=0.5)
+    subnetact.save(model, tmp_path / "spread.safetensors")
+    loaded = subnetact.load(tmp_path / "spread.safetensors", lambda: bert())
+    assert "rule='spread'" in repr(loaded.bert.encoder.layer)
+    x = inputs("bert")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(**x, subnet=cfg).logits, model(**x, subnet=cfg).logits, atol=0, rtol=0)
+
+
+def test_depth_rule_rejects_unknown_rules():
+    with pytest.raises(subnetact.ConfigError, match=r"depth_rule='last' must be None or one of \('prefix'"):
+        subnetact.ConvertConfig(depth_rule="last")

@@ -75,7 +75,8 @@ def test_iteration_fit_refuses_bad_subnet_ids():
 def test_deadlines_admission_and_widths_by_hand():
     # Step w * (4 + b) ms; prefill w * t / 2 ms per t prompt tokens (profiled at 16, 64, 256).
     steps, fill = width_profiles()
-    sched = DecodeScheduler(steps, fill, tpot_s=0.006, ttft_s=0.010, max_batch=2)
+    # headroom ~0: no width is ruled out by the measured demand (that rule is tested below); deadlines alone decide.
+    sched = DecodeScheduler(steps, fill, tpot_s=0.006, ttft_s=0.010, max_batch=2, headroom=1e-9)
     a = sched.submit(8, 3, arrival_s=0.0)
     b = sched.submit(10, 2, arrival_s=0.0)
     c = sched.submit(4, 1, arrival_s=0.001)
@@ -184,7 +185,8 @@ def test_elastic_keeps_tokens_on_time_with_a_wider_mean_than_any_fixed_width_tha
 
 
 def test_measured_demand_restricts_the_choice_to_sustainable_widths():
-    # Tokens per second at the sustainable batch (16): 1.0 -> 16 / 20 ms = 800, 0.75 -> 1067, 0.5 -> 1600.
+    # Per sequence, width w needs its prefill (16 tokens: profiled at 16, w * 8 ms) and, per further token, 1/16 of a
+    # step at the sustainable batch 16 (w * 20 ms / 16 = 1.25 w ms).
     steps, fill = width_profiles()
     for headroom, want in ((1.0, "ffn0.75"), (2.0, "ffn0.25"), (0.5, "ffn1.0")):
         sched = DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=0.1, headroom=headroom)
@@ -192,6 +194,9 @@ def test_measured_demand_restricts_the_choice_to_sustainable_widths():
         sched.submit(16, 90, arrival_s=0.0)  # one arrival asking 90 tokens: 900 tokens/s over a 0.1 s window
         p = sched.plan_prefill(0.0)
         assert sched.demand(0.0) == pytest.approx(900.0) and p.subnet_id == want, headroom
+        # 10 sequences/s x w * 8 ms + 890 further tokens/s x 1.25 w ms = 1.1925 w of the engine's time
+        use = sched.utilization(0.0)
+        assert use == pytest.approx({f"ffn{w}": 1.1925 * w for w in WIDTHS}), headroom
         sched.finish_prefill(0.004, p)
         assert sched.plan_decode(0.004).subnet_id == want
         assert sched.demand(0.14) == pytest.approx(900.0 / math.exp(1.4))
@@ -200,6 +205,24 @@ def test_measured_demand_restricts_the_choice_to_sustainable_widths():
         DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, headroom=0)
     with pytest.raises(InvalidRequestError, match=r"rate_window_s must be a finite number of seconds > 0, got -1"):
         DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=-1)
+
+
+def test_prefills_count_in_the_demand_a_width_must_sustain():
+    # 8 sequences of 64-token prompts and 4 new tokens arrive at once (a 0.1 s window: 80 sequences/s). Their decode
+    # tokens alone would leave every width at most 40 % busy (320 tokens/s; full width: 800/s at batch 16), but each
+    # prefill of 64 tokens costs w * 32 ms: 80/s x 32 w ms + 240 further tokens/s x 1.25 w ms = 2.86 w. Only 0.25
+    # (0.715) keeps up, so with ample slack the steps run at 0.25, not at the full width the slack would allow.
+    steps, fill = width_profiles()
+    for headroom, want in ((1.0, "ffn0.25"), (1e-9, "ffn1.0")):
+        sched = DecodeScheduler(steps, fill, tpot_s=1.0, ttft_s=10.0, rate_window_s=0.1, headroom=headroom)
+        for _ in range(8):
+            sched.submit(64, 4, arrival_s=0.0)
+        assert sched.utilization(0.0) == pytest.approx({f"ffn{w}": 2.86 * w for w in WIDTHS})
+        p = sched.plan_prefill(0.0)
+        assert len(p.seq_ids) == 4  # 4 x 64 tokens: the largest profiled prefill
+        assert p.subnet_id == want
+        sched.finish_prefill(0.01, p)
+        assert sched.plan_decode(0.01).subnet_id == want, headroom
 
 
 def test_adaptive_planning_learns_slower_steps_from_recorded_times():
