@@ -256,9 +256,9 @@ class DecodeScheduler:
         self.sustainable_batch = max(fits, default=1)
         self.max_prompt_tokens = self.prefill_policy.largest_batch
         # What one sequence costs each subnet: its prefill (profiled per prompt tokens; utilization() groups them by
-        # the measured admission size, mostly one or two at a time) and, per further token, a share of a step at the sustainable batch. The
-        # prefill counts: on a CPU a 16-token prefill of SmolLM2 takes about three decode steps, so a width whose
-        # decode steps alone keep up with the demand may still fall behind (issue 24).
+        # the measured admission size, mostly one or two at a time) and, per further token, a share of a step at the
+        # sustainable batch. The prefill counts: on a CPU a 16-token prefill of SmolLM2 takes about three decode
+        # steps, so a width whose decode steps alone keep up with the demand may still fall behind (issue 24).
         # Costs at the *mean* latency whatever ``latency_stat``: the tail bounds one step's deadline, but the time a
         # stream of work takes is the sum of its latencies, so the mean. Planned at the p99 (wall-clock runs), a noisy
         # CPU profile's tails (up to 2.6x the mean here) made the wide widths look unsustainable at light load: the
