@@ -72,6 +72,12 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--depth-rule",
+        choices=["every_other", "spread"],
+        default=None,
+        help="which layers 24 of 30 keeps (ConvertConfig.depth_rule; default: the decoder's, every_other)",
+    )
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,7 +86,7 @@ def main() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(directory, gguf_file=GGUF)
     evaluation = windows(tokenizer, docstrings(EVAL_MODULES), args.chunks, args.length)
     calibration = windows(tokenizer, docstrings(CALIBRATION_MODULES), args.chunks, args.length)
-    subnetact.convert(model)
+    subnetact.convert(model, subnetact.ConvertConfig(depth_rule=args.depth_rule))
     space = model.space
     subnets = {
         "full": space.max(),
@@ -91,6 +97,7 @@ def main() -> None:
     original = {k: v.detach().clone() for k, v in model.state_dict().items()}
     results: dict[str, dict[str, float]] = {}
     print(f"eval: {args.chunks} x {args.length} tokens of docstrings of {', '.join(EVAL_MODULES)}")
+    print(f"depth rule: {args.depth_rule or 'every_other (the default)'}")
     print(f"calibration: the same amount from {', '.join(CALIBRATION_MODULES)}; python {os.sys.version.split()[0]}")
     for order in ("original order", "magnitude", "activation"):
         model.load_state_dict(original)

@@ -23,7 +23,8 @@ is *on time* when it is emitted by its deadline; every token is emitted (no sequ
    after their next decode step.
 3. *Decode subnet* (:meth:`DecodeScheduler.plan_decode`): among the subnets that sustain the measured demand
    (SlackFit's sustainable choices; ``headroom``; :meth:`DecodeScheduler.utilization`: the arrivals' prefills and
-   their further tokens' share of a decode step, as a fraction of the engine's time), the most accurate whose
+   their further tokens' share of a decode step, as a fraction of the engine's time, at mean latencies even when
+   deadlines are planned at the p99), the most accurate whose
    step latency at the running batch size fits the *step budget*: the slack of the earliest next-token deadline
    (SlackFit's question with the batch fixed), tightened by the waiting sequences' first-token deadlines (each gets
    the first slot to free up, after the prefills ahead of it; see ``_step_budget``), SlackFit's backlog rule for
@@ -159,13 +160,13 @@ class DecodeScheduler:
         max_batch: Most sequences running at once (default: the largest profiled decode batch size; never above it).
         subnet_ids: Restrict every decision to these subnets (default: all). One id is a fixed subnet.
         latency_stat: ``"mean"`` (default: exact for a simulation from the same profile) or ``"p99"`` (plan at the
-            tail, for wall-clock runs).
+            tail, for wall-clock runs). Deadline decisions only: :meth:`utilization` is always at the mean.
         rate_window_s: Time constant of the demand estimate (decaying counts of the arrivals, their prompt tokens
             and their ``max_new_tokens``); default ``ttft_s``.
         headroom: Only subnets whose :meth:`utilization` (the fraction of the engine's time the measured demand
-            needs: prefills and decode steps) is at most ``1 / headroom`` are chosen (at least the one needing the
-            least time), as SlackFit keeps to sustainable choices. Default 1.0: keep up on average; more keeps spare
-            capacity for bursts at the cost of width, less allows more width (measured in ``docs/llm.md``).
+            needs: prefills and decode steps, at mean latencies) is at most ``1 / headroom`` are chosen (at least the
+            one needing the least time), as SlackFit keeps to sustainable choices. Default 1.0: keep up on average;
+            more keeps spare capacity for bursts at the cost of width, less allows more width (``docs/llm.md``).
         adaptive: Correct the profiles online from the iteration times the host reports (:meth:`record`), with a
             :class:`~scheduling.LatencyModel` per profile; for wall-clock runs (default ``False``: plan with the
             profiles as given, exact for a simulation from them).
@@ -254,17 +255,19 @@ class DecodeScheduler:
         fits = [b for b in range(1, self.max_batch + 1) if self.decode_policy.min_latency(b) <= self.tpot_s]
         self.sustainable_batch = max(fits, default=1)
         self.max_prompt_tokens = self.prefill_policy.largest_batch
-        # What one sequence costs each subnet: its prefill (profiled per prompt tokens, prefilled alone: admission
-        # mostly takes one or two at a time) and, per further token, a share of a step at the sustainable batch. The
-        # prefill counts: on a CPU a 16-token prefill of SmolLM2 takes about three decode steps, so a width whose
-        # decode steps alone keep up with the demand may still fall behind (issue 24).
+        # What one sequence costs each subnet: its prefill (profiled per prompt tokens; utilization() groups them by
+        # the measured admission size, mostly one or two at a time) and, per further token, a share of a step at the
+        # sustainable batch. The prefill counts: on a CPU a 16-token prefill of SmolLM2 takes about three decode
+        # steps, so a width whose decode steps alone keep up with the demand may still fall behind (issue 24).
+        # Costs at the *mean* latency whatever ``latency_stat``: the tail bounds one step's deadline, but the time a
+        # stream of work takes is the sum of its latencies, so the mean. Planned at the p99 (wall-clock runs), a noisy
+        # CPU profile's tails (up to 2.6x the mean here) made the wide widths look unsustainable at light load: the
+        # elastic loop ran at mean width 0.324 on a real run where fixed full width kept every token on time.
         ids = self.decode_policy.subnet_ids or decode_profile.ids
         batch = self.sustainable_batch
         self._ids = tuple(ids)
-        self._token_cost = {
-            i: IterationFit(decode_profile, subnet_ids=[i], latency_stat=stat).min_latency(batch) / batch for i in ids
-        }
-        self._prefill_fits = {i: IterationFit(prefill_profile, subnet_ids=[i], latency_stat=stat) for i in ids}
+        self._token_cost = {i: IterationFit(decode_profile, subnet_ids=[i]).min_latency(batch) / batch for i in ids}
+        self._prefill_fits = {i: IterationFit(prefill_profile, subnet_ids=[i]) for i in ids}  # (the default: mean)
         self._levels: dict[tuple[SubnetId, ...], tuple[IterationFit, IterationFit]] = {}
         self._profiles = (decode_profile, prefill_profile, stat)
 
@@ -371,8 +374,10 @@ class DecodeScheduler:
     def utilization(self, now: float) -> dict[SubnetId, float]:
         """The fraction of the engine's time each subnet would need for the measured demand, decayed to ``now``.
 
-        Per second, the arriving sequences' prefills (each alone, at the mean prompt length) and their other output
-        tokens (a share of a decode step at :attr:`sustainable_batch` each). Above 1 the subnet falls behind.
+        Per second, the arriving sequences' prefills (in groups of the measured mean admission size, at the mean
+        prompt length) and their other output tokens (a share of a decode step at :attr:`sustainable_batch` each), at
+        the profiles' *mean* latencies whatever ``latency_stat`` (throughput is a sum of latencies; the p99 only bounds
+        single deadlines). Above 1 the subnet falls behind.
         """
         seqs, prompt_tokens, output_tokens = self._observe(now)
         if seqs <= 0:

@@ -315,6 +315,29 @@ def dynamics_plot(run_: dict, title: str, path: str, kills: list[float] = ()):
 
 
 # ----------------------------------------------------------------------------- experiments
+def by_cell(results: list[dict]) -> dict[tuple, list[dict]]:
+    """Group run results by their tag without the experiment letter: one list of policies' results per cell."""
+    cells: dict[tuple, list[dict]] = {}
+    for r in results:
+        cells.setdefault(r["tag"][1:], []).append(r)
+    return cells
+
+
+def cell_table(cells: dict[tuple, list[dict]], names: tuple[str, ...]) -> list[dict]:
+    """Per cell: both SlackFits, who dominates each and its headline against the baselines; ``names`` label the
+    cell's key (e.g. ``("lambda_v", "cv2")``)."""
+    table = []
+    for key, rs in cells.items():
+        sf = next(r for r in rs if r["policy"] == "SlackFit")
+        paper = next(r for r in rs if r["policy"] == "SlackFit-paper")
+        base = [r for r in rs if r["policy"] not in SLACKFITS]
+        table.append({"slackfit_paper": paper, "paper_dominated_by": dominated_by(paper, base),
+                      "paper_headline": headline(paper, base), **dict(zip(names, key, strict=True)), "slackfit": sf,
+                      "dominated_by": dominated_by(sf, base),
+                      "headline": headline(sf, base), "baselines": base})  # fmt: skip
+    return table
+
+
 def exp_a(args) -> dict:
     lvs, cvs = [2950, 4900, 5550], [2, 4, 8]
     pols = ["SlackFit", "SlackFit-paper", *BASELINES]
@@ -330,22 +353,10 @@ def exp_a(args) -> dict:
         for cv in cvs
         for p in pols
     ]
-    res = run_all(jobs, args.jobs)
-    cells: dict[tuple, list[dict]] = {}
-    for r in res:
-        cells.setdefault(r["tag"][1:], []).append(r)
+    cells = by_cell(run_all(jobs, args.jobs))
     scatter_grid(cells, lvs, cvs, "λv", "CV²", "(a) bursty traces, λb=1500, SLO 36 ms (cf. paper Fig. 9)",
                  figpath(args, "repro_a_bursty.png"))  # fmt: skip
-    table = []
-    for key, rs in cells.items():
-        sf = next(r for r in rs if r["policy"] == "SlackFit")
-        paper = next(r for r in rs if r["policy"] == "SlackFit-paper")
-        base = [r for r in rs if r["policy"] not in SLACKFITS]
-        table.append({"slackfit_paper": paper, "paper_dominated_by": dominated_by(paper, base),
-                      "paper_headline": headline(paper, base), "lambda_v": key[0], "cv2": key[1], "slackfit": sf,
-                      "dominated_by": dominated_by(sf, base),
-                      "headline": headline(sf, base), "baselines": base})  # fmt: skip
-    return {"cells": table}
+    return {"cells": cell_table(cells, ("lambda_v", "cv2"))}
 
 
 def exp_b(args) -> dict:
@@ -363,22 +374,10 @@ def exp_b(args) -> dict:
         for tau in taus
         for p in pols
     ]
-    res = run_all(jobs, args.jobs)
-    cells: dict[tuple, list[dict]] = {}
-    for r in res:
-        cells.setdefault(r["tag"][1:], []).append(r)
+    cells = by_cell(run_all(jobs, args.jobs))
     scatter_grid(cells, l2s, taus, "λ2", "τ", "(b) time-varying traces, λ1=2500, CV²=8 (cf. paper Fig. 10)",
                  figpath(args, "repro_b_timevarying.png"))  # fmt: skip
-    table = []
-    for key, rs in cells.items():
-        sf = next(r for r in rs if r["policy"] == "SlackFit")
-        paper = next(r for r in rs if r["policy"] == "SlackFit-paper")
-        base = [r for r in rs if r["policy"] not in SLACKFITS]
-        table.append({"slackfit_paper": paper, "paper_dominated_by": dominated_by(paper, base),
-                      "paper_headline": headline(paper, base), "lambda2": key[0], "tau": key[1], "slackfit": sf,
-                      "dominated_by": dominated_by(sf, base),
-                      "headline": headline(sf, base), "baselines": base})  # fmt: skip
-    return {"cells": table}
+    return {"cells": cell_table(cells, ("lambda2", "tau"))}
 
 
 def exp_c(args) -> dict:

@@ -309,3 +309,20 @@ def test_reorder_decoder_refuses_fused_families_and_bad_arguments():
         subnetact.hf.reorder_decoder(make("llama"), score="taylor")
     with pytest.raises(subnetact.errors.ConfigError, match="batches"):
         subnetact.hf.reorder_decoder(make("llama"))
+
+
+def test_depth_rule_spread_keeps_the_last_layer_with_cache_and_generate():
+    """``ConvertConfig(depth_rule="spread")`` on a decoder: depth 2 of 4 runs layers 0 and 3, equal to the export
+    with and without the KV cache and in greedy decoding."""
+    model = subnetact.convert(make("llama"), subnetact.ConvertConfig(depth_rule="spread"))
+    cfg = model.space.make(depth=2, width=1.0)
+    model.actuate(cfg)
+    assert model.model.layers.kept_positions(cfg) == [0, 3]
+    assert [id(m) for m in model.model.layers] == [id(model.model.layers[0]), id(model.model.layers[3])]
+    exported = model.export(cfg).eval()
+    ids, mask = left_padded(seq=9)
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, subnet=cfg).logits
+        assert rel(full, exported(input_ids=ids, attention_mask=mask).logits, mask) <= 1e-5
+        assert rel(incremental(model, ids, mask, 5, subnet=cfg), full, mask) <= 1e-5
+        assert torch.equal(greedy(model, ids, mask, subnet=cfg), greedy(exported, ids, mask))

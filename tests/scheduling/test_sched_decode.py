@@ -207,6 +207,32 @@ def test_measured_demand_restricts_the_choice_to_sustainable_widths():
         DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=-1)
 
 
+def test_utilization_counts_mean_latencies_when_deadlines_are_planned_at_the_p99():
+    # The profiles' p99 is twice their mean. Planned at the p99 (as wall-clock runs are), each step and prefill must
+    # fit its deadline at its p99, but the time the demand takes is a sum of latencies: their means. The numbers are
+    # those of the test above (1.1925 w at the mean), not 2.385 w: at the p99 only 0.25 would have looked sustainable
+    # (the light-load weakness of issue 24: the elastic loop at mean width 0.324 where full width kept up).
+    mean_steps, mean_fill = width_profiles()
+
+    def tailed(profile: Profile) -> Profile:
+        def p99_twice(lat: dict) -> dict:
+            return {b: LatencyStats(x.mean_s, 2 * x.mean_s) for b, x in lat.items()}
+
+        return Profile([Subnet(s.id, s.accuracy, p99_twice(s.latency)) for s in profile.subnets])
+
+    steps, fill = tailed(mean_steps), tailed(mean_fill)
+    sched = DecodeScheduler(steps, fill, tpot_s=0.02, ttft_s=1.0, rate_window_s=0.1, latency_stat="p99")
+    assert sched.sustainable_batch == 16  # full width's p99 at batch 16 (40 ms) misses the 20 ms TPOT; 0.25's fits
+    sched.submit(16, 90, arrival_s=0.0)
+    assert sched.utilization(0.0) == pytest.approx({f"ffn{w}": 1.1925 * w for w in WIDTHS})
+    p = sched.plan_prefill(0.0)
+    assert p.subnet_id == "ffn0.75"  # sustained (0.894 of the engine's time) and its p99 prefill (12 ms) fits
+    assert p.decision.latency_s == pytest.approx(0.012)  # the deadline decision itself is at the p99
+    sched.finish_prefill(0.012, p)
+    step = sched.plan_decode(0.012)
+    assert step.subnet_id == "ffn0.75" and step.decision.latency_s == pytest.approx(2 * 0.75 * 5e-3)
+
+
 def test_prefills_count_in_the_demand_a_width_must_sustain():
     # 8 sequences of 64-token prompts and 4 new tokens arrive at once (a 0.1 s window: 80 sequences/s). Their decode
     # tokens alone would leave every width at most 40 % busy (320 tokens/s; full width: 800/s at batch 16), but each
