@@ -10,7 +10,8 @@ accuracy ``w``, config = the ``SubnetConfig``).
 
 ``simulate``: ``scheduling.simulate_decode`` on a seeded bursty trace (``scheduling.traces.bursty``): every sequence
 has a ``--prompt``-token prompt and ``--output`` new tokens; the elastic loop (every width) against each fixed width,
-same trace, same targets. Deterministic given the profile.
+same trace, same targets. Deterministic given the profile. ``--adaptive --overhead-ms 10 --stat p99`` models a
+wall-clock run: each phase takes 10 ms more than profiled and the scheduler learns it online.
 
 ``real``: the same comparison on the model with the wall clock (``subnetact.hf.ElasticDecodeEngine``), on a shorter
 trace; noisy on a shared machine.
@@ -197,8 +198,10 @@ def simulate(args: argparse.Namespace) -> None:
         for ids in [None] + [[f"ffn{w}"] for w in WIDTHS]:
             sched = scheduling.DecodeScheduler(steps, fill, tpot_s=args.tpot, ttft_s=args.ttft,
                                                max_batch=args.max_batch, subnet_ids=ids, latency_stat=args.stat,
-                                               headroom=args.headroom, rate_window_s=args.rate_window)  # fmt: skip
-            s = scheduling.simulate_decode(sched, arrivals, [args.prompt] * n, [args.output] * n)
+                                               headroom=args.headroom, rate_window_s=args.rate_window,
+                                               adaptive=args.adaptive)  # fmt: skip
+            s = scheduling.simulate_decode(sched, arrivals, [args.prompt] * n, [args.output] * n,
+                                           overhead_s=args.overhead_ms / 1e3)  # fmt: skip
             rows.append(row("elastic" if ids is None else f"fixed {ids[0]}", s))
         if len(args.seed) == 1:
             report(rows)
@@ -266,11 +269,14 @@ def main() -> None:
         s.add_argument("--headroom", type=float, default=1.0, help="DecodeScheduler(headroom=)")
         s.add_argument("--rate-window", type=float, default=None, help="DecodeScheduler(rate_window_s=)")
         s.add_argument("--duration", type=float, default=600.0 if name == "simulate" else 60.0)
+        s.add_argument("--adaptive", action="store_true", help="DecodeScheduler(adaptive=True)")
+        if name == "simulate":
+            s.add_argument("--overhead-ms", type=float, default=0.0, help="simulate_decode(overhead_s=) in ms: the "
+                           "host's own work per prefill and step, not in the profile")  # fmt: skip
         if name == "real":
             s.add_argument("--model", choices=["smollm2", "tiny"], default="smollm2")
             s.add_argument("--threads", type=int, default=1)
             s.add_argument("--real-fixed", type=float, nargs="*", default=[1.0], help="fixed widths to run too")
-            s.add_argument("--adaptive", action="store_true", help="DecodeScheduler(adaptive=True)")
     args = p.parse_args()
     {"measure": measure, "simulate": simulate, "real": real}[args.cmd](args)
 

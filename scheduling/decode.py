@@ -573,17 +573,27 @@ def simulate_decode(
     arrivals: Sequence[float],
     prompt_tokens: Sequence[int],
     output_tokens: Sequence[int],
+    *,
+    overhead_s: float = 0.0,
 ) -> DecodeSummary:
     """Replay a trace on ``scheduler`` with profiled latencies instead of a model (deterministic).
 
     Each prefill and decode step takes the profiled mean latency of its decision's subnet at its profiled size
-    (``Decision.profile_batch``); sequences end at their length. The loop is the one a real engine runs.
+    (``Decision.profile_batch``) plus ``overhead_s``; sequences end at their length. The loop is the one a real
+    engine runs; an ``adaptive`` scheduler is told each phase's time (:meth:`DecodeScheduler.record`), as
+    :class:`subnetact.hf.ElasticDecodeEngine` does.
 
     Args:
         scheduler: A fresh :class:`DecodeScheduler` (nothing submitted).
         arrivals: Sorted arrival times, in seconds.
         prompt_tokens: Prompt length of each sequence.
         output_tokens: Output length of each sequence (its ``max_new_tokens``).
+        overhead_s: Seconds added to every prefill and decode step: the host's own work per phase (masks, cache
+            bookkeeping), which a profile of the bare forward does not hold; default 0.
+
+    Raises:
+        InvalidRequestError: unequal lengths, a scheduler that is not fresh, or ``overhead_s`` not a finite number
+            >= 0.
 
     Returns:
         :meth:`DecodeScheduler.summary` once every sequence has finished.
@@ -609,19 +619,27 @@ def simulate_decode(
         )
     if scheduler.records:
         raise InvalidRequestError(f"scheduler must be fresh, it already holds {len(scheduler.records)} sequence(s)")
+    bad = isinstance(overhead_s, bool) or not isinstance(overhead_s, (int, float))
+    if bad or not 0 <= overhead_s < math.inf:
+        raise InvalidRequestError(f"overhead_s must be a finite number of seconds >= 0, got {overhead_s!r}")
     for t, p, o in zip(arrivals, prompt_tokens, output_tokens, strict=True):
         scheduler.submit(p, o, arrival_s=t)
+    # The profiles as given (an adaptive scheduler re-plans with its estimates; the simulated engine stays put).
     decode, prefill = scheduler.decode_policy.profile, scheduler.prefill_policy.profile
     now = arrivals[0] if n else 0.0
     while not scheduler.done:
         plan = scheduler.plan_prefill(now)
         if plan is not None:
-            now += prefill.latency(plan.subnet_id, plan.decision.profile_batch)
+            took = prefill.latency(plan.subnet_id, plan.decision.profile_batch) + overhead_s
+            now += took
             scheduler.finish_prefill(now, plan)
+            scheduler.record(plan, took, now)
         step = scheduler.plan_decode(now)
         if step is not None:
-            now += decode.latency(step.subnet_id, step.decision.profile_batch)
+            took = decode.latency(step.subnet_id, step.decision.profile_batch) + overhead_s
+            now += took
             scheduler.finish_decode(now, step)
+            scheduler.record(step, took, now)
         if plan is None and step is None:
             now = max(now, scheduler.next_arrival_s())  # idle until the next arrival
     return scheduler.summary()

@@ -233,6 +233,23 @@ def test_utilization_counts_mean_latencies_when_deadlines_are_planned_at_the_p99
     assert step.subnet_id == "ffn0.75" and step.decision.latency_s == pytest.approx(2 * 0.75 * 5e-3)
 
 
+def test_simulate_decode_adds_the_host_overhead_and_feeds_an_adaptive_scheduler():
+    # Full width only: a 16-token prefill takes 8 ms, a step at batch 1 5 ms (width_profiles); each phase 2 ms more.
+    steps, fill = width_profiles()
+    sched = DecodeScheduler(steps, fill, tpot_s=0.008, ttft_s=0.0095, subnet_ids=["ffn1.0"])
+    s = simulate_decode(sched, [1.0], [16], [3], overhead_s=0.002)
+    # tokens at 1 + 10 ms, + 7 ms, + 7 ms; due at 1 + 9.5 ms, + 8 ms each: the first late, the others on time
+    assert sched.records[0].token_times_s == pytest.approx([1.010, 1.017, 1.024])
+    assert sched.records[0].on_time == [False, True, True] and s.on_time_fraction == pytest.approx(2 / 3)
+    # An adaptive scheduler is told each phase's time: it learns that the 5 ms step takes 3x (5 + 10 ms).
+    sched = DecodeScheduler(steps, fill, tpot_s=0.1, ttft_s=1.0, subnet_ids=["ffn1.0"], adaptive=True)
+    simulate_decode(sched, [0.0], [16], [200], overhead_s=0.010)
+    assert sched.decode_policy.profile.latency("ffn1.0", 1) == pytest.approx(0.015, rel=0.05)
+    assert sched.records[0].token_times_s[1] - sched.records[0].token_times_s[0] == pytest.approx(0.015)
+    with pytest.raises(InvalidRequestError, match=r"overhead_s must be a finite number of seconds >= 0, got -0.001"):
+        simulate_decode(DecodeScheduler(steps, fill, tpot_s=0.1, ttft_s=1.0), [0.0], [16], [2], overhead_s=-0.001)
+
+
 def test_prefills_count_in_the_demand_a_width_must_sustain():
     # 8 sequences of 64-token prompts and 4 new tokens arrive at once (a 0.1 s window: 80 sequences/s). Their decode
     # tokens alone would leave every width at most 40 % busy (320 tokens/s; full width: 800/s at batch 16), but each
