@@ -122,6 +122,7 @@ def main() -> None:
         default=None,
         help="which layers a smaller depth keeps (ConvertConfig.depth_rule; default: the encoder's, every_other)",
     )
+    parser.add_argument("--freeze-shared", action="store_true", help="train neither embeddings nor LayerNorms")
     parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--out", type=Path, default=Path("minilm-run"))
     args = parser.parse_args()
@@ -193,7 +194,11 @@ def main() -> None:
     else:
         reordered = None
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    # --freeze-shared: the embeddings and every LayerNorm are shared by all subnets unsliced, so each small subnet's
+    # update to them also moves the full model; frozen, the subnets adapt through the layers' own weights only.
+    frozen = ("embeddings.", "LayerNorm.") if args.freeze_shared else ()
+    trained = [p for name, p in model.named_parameters() if not any(f in name for f in frozen)]
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     weights = (args.full_weight, 1.0, 1.0, 1.0)
     schedule = Fixed(tuple(served), weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
     budget = args.cpu_minutes * 60.0
@@ -267,6 +272,7 @@ def main() -> None:
         "teacher": args.teacher,
         "schedule": args.schedule,
         "depth_rule": args.depth_rule or "every_other",
+        "freeze_shared": args.freeze_shared,
         "steps": result.steps,
         "batch_size": bs,
         "lr": args.lr,
