@@ -44,6 +44,11 @@ larger is refused with 413 before parsing.
 - ``GET /metrics``: Prometheus text (:mod:`~subnetact.serving.metrics`).
 - ``GET /stats``: JSON: exact server-side latency percentiles of the last answers to ``/predict``, queue length, and
   what the backend plans with now (``"plan"``: :meth:`~subnetact.serving.PlanGuard.snapshot`).
+
+**The server's latency** (``/metrics``' histogram, ``/stats``) runs from the moment the request's headers were
+parsed to the moment the answer's last byte was handed to the transport, as nginx's ``$request_time`` and Envoy's
+duration do: the JSON encoding and the write of the answer are the server's time, not the client's. An answer's own
+``latency_ms`` and ``on_time`` are taken when it is encoded, just before.
 """
 
 from __future__ import annotations
@@ -232,6 +237,30 @@ class ServingApp:
 
         return Response(json.dumps(body), status, headers=headers, media_type=JSON_TYPE)
 
+    def _observed(
+        self,
+        arrived: float,
+        outcome: str,
+        status: int,
+        body: dict[str, Any],
+        headers: dict[str, str] | None = None,
+        subnet: object = None,
+        window: bool = True,
+    ):
+        """The JSON answer, counted in ``/metrics`` (and ``/stats`` unless ``window=False``) once it is written: its
+        latency ends when the last byte is handed to the transport."""
+        response = self._json(status, body, headers)
+        send_answer = response.__call__
+        metrics = self.metrics
+
+        async def send_then_observe(scope, receive, send) -> None:
+            try:
+                await send_answer(scope, receive, send)
+            finally:  # a client gone before the write still got an answer from us: count it
+                metrics.observe(outcome, time.perf_counter() - arrived, subnet, window=window)
+
+        return send_then_observe
+
     async def _http_error(self, request, exc):
         # Starlette's own 404/405 (plain text by default) as JSON, keeping its headers (Allow on 405).
         what = {404: "not found", 405: "method not allowed"}.get(exc.status_code, exc.detail)
@@ -240,8 +269,8 @@ class ServingApp:
             allow = {k.lower(): v for k, v in (exc.headers or {}).items()}.get("allow", "")
             detail += f"; allowed: {allow}"
         arrived = request.scope.get(ARRIVED, (time.perf_counter(), 0.0))[0]
-        self.metrics.observe(what.replace(" ", "_"), time.perf_counter() - arrived, window=False)
-        return self._json(exc.status_code, {"error": what, "detail": detail}, exc.headers)
+        body = {"error": what, "detail": detail}
+        return self._observed(arrived, what.replace(" ", "_"), exc.status_code, body, exc.headers, window=False)
 
     # ------------------------------------------------------------------ endpoints
     async def _predict(self, request):
@@ -249,14 +278,13 @@ class ServingApp:
         try:
             answer = await self._serve(request, arrived_wall)
         except _Answer as a:
-            self.metrics.observe(a.outcome, time.perf_counter() - arrived)
-            return self._json(a.status, a.body, a.headers)
+            return self._observed(arrived, a.outcome, a.status, a.body, a.headers)
         latency = time.perf_counter() - arrived
         on_time = latency <= answer.pop("_budget_s")
-        self.metrics.observe("ok" if on_time else "late", latency, answer.get("subnet"))
         answer["latency_ms"] = round(1e3 * latency, 3)
         answer["on_time"] = on_time
-        return self._json(200 if on_time else 504, answer)
+        outcome, status = ("ok", 200) if on_time else ("late", 504)
+        return self._observed(arrived, outcome, status, answer, subnet=answer.get("subnet"))
 
     async def _serve(self, request, arrived_wall: float) -> dict[str, Any]:
         if self.draining:

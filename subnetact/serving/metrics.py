@@ -5,7 +5,8 @@ Exposed at ``GET /metrics`` in Prometheus' text format:
 - ``subnetact_requests_total{outcome}``: every answered request, by outcome (``ok``, ``late``, ``deadline_missed``,
   ``bad_request``, ``queue_full``, ``unavailable``, ``failed``, ...).
 - ``subnetact_served_total{subnet}``: requests answered with a prediction, by the subnet that served them.
-- ``subnetact_request_latency_seconds{outcome}``: time from the request's arrival to its answer (histogram).
+- ``subnetact_request_latency_seconds{outcome}``: time from the request's arrival (its headers parsed) to its answer
+  written (the last byte handed to the transport, as nginx's ``$request_time``) (histogram).
 - ``subnetact_batch_size``: size of each batch the policy chose (histogram; one observation per batch).
 - ``subnetact_queue_length``: requests waiting in the scheduler's queue (gauge, read at scrape time).
 - ``subnetact_workers_stuck``: workers whose batch ran past a request's deadline + grace and has not returned

@@ -101,3 +101,57 @@ def test_a_keep_alive_client_gets_each_answer_in_one_segment():
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_the_servers_latency_ends_when_the_answer_is_written():
+    """``/stats`` and the ``/metrics`` histogram count an answer's latency to its write, as nginx's
+    ``$request_time`` does: a transport that takes 80 ms to accept the answer shows in them, not in the answer."""
+    profile = datasets.superserve_a40_profile()
+
+    def model(subnet_id, payloads):
+        return [{"prediction": 0, "subnet": subnet_id, "batch_size": len(payloads)} for _ in payloads]
+
+    app = ServingApp(LocalBackend(model, profile, policy=f"fixed:{profile.ids[0]}"), input_shape=(1, 8, 8))
+    body = json.dumps({"input": [[[0.5] * 8] * 8], "deadline_ms": 5000}).encode()
+
+    async def call(method: str, path: str, payload: bytes, slow_write_s: float) -> tuple[list[dict], bytes]:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        scope = {
+            "type": "http",
+            "http_version": "1.1",
+            "method": method,
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "headers": headers,
+            "scheme": "http",
+            "server": ("t", 80),
+            "root_path": "",
+        }
+        sent: list[dict] = []
+
+        async def receive():
+            return {"type": "http.request", "body": payload, "more_body": False}
+
+        async def send(message):
+            if message["type"] == "http.response.body":
+                await asyncio.sleep(slow_write_s)  # the transport takes its time with the last bytes
+            sent.append(message)
+
+        await app(scope, receive, send)
+        return sent, b"".join(m.get("body", b"") for m in sent)
+
+    async def scenario():
+        _, answer = await call("POST", "/predict", body, slow_write_s=0.08)
+        _, stats = await call("GET", "/stats", b"", slow_write_s=0.0)
+        return json.loads(answer), json.loads(stats)
+
+    try:
+        answer, stats = asyncio.run(scenario())
+    finally:
+        asyncio.run(app.backend.close())
+    assert answer["on_time"] and answer["latency_ms"] < 80, answer  # taken when the answer was encoded
+    assert stats["latency"]["p50_ms"] >= 80 + answer["latency_ms"] * 0.5, stats  # the write included
+    text = app.metrics.render()[0].decode()
+    assert 'subnetact_request_latency_seconds_count{outcome="ok"} 1.0' in text
+    assert 'subnetact_request_latency_seconds_bucket{le="0.05",outcome="ok"} 0.0' in text, text
