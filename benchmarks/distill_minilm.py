@@ -122,6 +122,9 @@ def main() -> None:
         default=None,
         help="which layers a smaller depth keeps (ConvertConfig.depth_rule; default: the encoder's, every_other)",
     )
+    parser.add_argument(
+        "--train-subnets", type=int, default=4, help="train the first N served subnets (all 4 are measured)"
+    )
     parser.add_argument("--freeze-shared", action="store_true", help="train neither embeddings nor LayerNorms")
     parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--out", type=Path, default=Path("minilm-run"))
@@ -199,8 +202,11 @@ def main() -> None:
     frozen = ("embeddings.", "LayerNorm.") if args.freeze_shared else ()
     trained = [p for name, p in model.named_parameters() if not any(f in name for f in frozen)]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
-    weights = (args.full_weight, 1.0, 1.0, 1.0)
-    schedule = Fixed(tuple(served), weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
+    if not 1 <= args.train_subnets <= len(served):
+        parser.error(f"--train-subnets={args.train_subnets} must be 1 to {len(served)}")
+    trained_subnets = tuple(served[: args.train_subnets])
+    weights = (args.full_weight,) + (1.0,) * (len(trained_subnets) - 1)
+    schedule = Fixed(trained_subnets, weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
     budget = args.cpu_minutes * 60.0
     train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
     log: list[dict] = []

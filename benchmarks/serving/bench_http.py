@@ -88,6 +88,12 @@ def main() -> None:
     p.add_argument("--deadline-ms", type=float, default=50.0)
     p.add_argument("--no-keepalive", action="store_true", help="also run without keep-alive")
     p.add_argument("--profile", help="reuse a profile JSON instead of measuring one")
+    p.add_argument(
+        "--server-args",
+        default="",
+        help="more options of python -m subnetact.serving, e.g. '--policy fixed:3 --static-profile': the same "
+        "batches whatever the policy's defaults (to compare front ends across versions)",
+    )
     args = p.parse_args()
     if shutil.which("hey") is None:
         sys.exit("hey is not installed: apt-get install -y hey")
@@ -110,7 +116,9 @@ def main() -> None:
     for clients in args.clients:
         for keepalive in [True, False] if args.no_keepalive else [True]:
             port = _free_port()
-            proc = _start(args.profile, port, ["--default-deadline-ms", f"{args.deadline_ms:g}"])
+            proc = _start(
+                args.profile, port, ["--default-deadline-ms", f"{args.deadline_ms:g}", *args.server_args.split()]
+            )
             try:
                 r = run_hey(
                     f"http://127.0.0.1:{port}/predict",
