@@ -108,3 +108,58 @@ def stdlib_docstrings(heldout_percent: int) -> tuple[Iterator[tuple[bool, str]],
                         yield held, doc
 
     return walk(), source
+
+
+class CpuBudget:
+    """The ``on_step`` callback of a :func:`subnetact.train.distill` run that stops after ``minutes`` of process CPU
+    time (all threads, ``time.process_time``: on a shared machine wall time says little), or ``wall_minutes``.
+
+    Every ``eval_every`` steps it calls ``table()`` (one score per served subnet) and appends ``{"step", "cpu_s",
+    metric: scores}`` to :attr:`curve`; that CPU is not charged to the budget. Each step's losses go to :attr:`log`
+    (printed every ``print_every`` steps). :meth:`spent` is the budget used so far, also for learning-rate schedules
+    that decay with it (the steps a budget buys are not known in advance).
+    """
+
+    def __init__(
+        self,
+        minutes: float,
+        *,
+        wall_minutes: float | None = None,
+        eval_every: int = 0,
+        table: Callable[[], list[float]] | None = None,
+        metric: str = "score",
+        digits: int = 4,
+        print_every: int = 1,
+    ) -> None:
+        self.budget_s = 60.0 * minutes
+        self.wall_s = None if wall_minutes is None else 60.0 * wall_minutes
+        self.eval_every, self.table, self.metric = eval_every, table, metric
+        self.digits, self.print_every = digits, print_every
+        self.eval_cpu_s = 0.0  # the tables' CPU: not part of the budget
+        self.log: list[dict] = []
+        self.curve: list[dict] = []
+        self.cpu0, self.wall0 = time.process_time(), time.perf_counter()
+
+    def spent(self) -> float:
+        """Process CPU seconds charged to the budget so far."""
+        return time.process_time() - self.cpu0 - self.eval_cpu_s
+
+    def wall(self) -> float:
+        """Wall seconds since the budget started."""
+        return time.perf_counter() - self.wall0
+
+    def __call__(self, step: int, result) -> bool:
+        if self.eval_every and self.table is not None and step % self.eval_every == 0:
+            t = time.process_time()
+            scores = self.table()
+            self.curve.append({"step": step, "cpu_s": t - self.cpu0 - self.eval_cpu_s, self.metric: scores})
+            self.eval_cpu_s += time.process_time() - t
+            print(f"eval step {step}: " + "  ".join(f"{v:.{self.digits}f}" for v in scores), flush=True)
+        used = self.spent()
+        self.log.append({"step": step, "cpu_s": used, "losses": list(result.losses)})
+        if step % self.print_every == 0:
+            losses = "  ".join(f"{loss:.4f}" for loss in result.losses)
+            print(f"step {step:4d}  cpu {used / 60:5.2f} min  losses {losses}", flush=True)
+        if self.wall_s is not None and self.wall() > self.wall_s:
+            return True
+        return used >= self.budget_s

@@ -37,7 +37,7 @@ import subnetact
 from subnetact.train import Fixed, Sandwich, distill, evaluate
 from subnetact.train.losses import mean_pool, token_mask
 
-from _common import stdlib_docstrings
+from _common import CpuBudget, stdlib_docstrings
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 WORD = re.compile(r"[A-Za-z]+")
@@ -207,37 +207,18 @@ def main() -> None:
     trained_subnets = tuple(served[: args.train_subnets])
     weights = (args.full_weight,) + (1.0,) * (len(trained_subnets) - 1)
     schedule = Fixed(trained_subnets, weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
-    budget = args.cpu_minutes * 60.0
-    train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
-    log: list[dict] = []
-    curve: list[dict] = []
-    eval_cpu = 0.0  # the --eval-every tables: not part of the budget
-
-    def spent() -> float:
-        return time.process_time() - train_cpu0 - eval_cpu
-
-    # The learning rate warms up linearly, then decays linearly to 0 with the CPU budget spent (the number of steps
-    # a budget buys is not known in advance on a shared machine).
-    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - spent() / budget)
+    budget = CpuBudget(
+        args.cpu_minutes,
+        wall_minutes=args.wall_minutes,
+        eval_every=args.eval_every,
+        table=table,
+        metric="cosine",
+        print_every=20,
     )
-
-    def on_step(step: int, result) -> bool:
-        nonlocal eval_cpu
-        if args.eval_every and step % args.eval_every == 0:
-            curve.append({"step": step, "cpu_s": spent()})
-            t = time.process_time()
-            curve[-1]["cosine"] = table()
-            eval_cpu += time.process_time() - t
-            print(f"eval step {step}: " + "  ".join(f"{v:.4f}" for v in curve[-1]["cosine"]), flush=True)
-        used = spent()
-        if args.wall_minutes is not None and time.perf_counter() - train_wall0 > 60 * args.wall_minutes:
-            return True
-        if step % 20 == 0:
-            losses = "  ".join(f"{loss:.4f}" for loss in result.losses)
-            print(f"step {step:4d}  cpu {used / 60:5.2f} min  losses {losses}", flush=True)
-        log.append({"step": step, "cpu_s": used, "losses": list(result.losses)})
-        return used >= budget
+    # The learning rate warms up linearly, then decays linearly to 0 with the CPU budget spent.
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - budget.spent() / budget.budget_s)
+    )
 
     result = distill(
         model,
@@ -250,10 +231,9 @@ def main() -> None:
         reorder=False,  # done above, so the table has a row for it
         lr_scheduler=lr_schedule,
         seed=args.seed,
-        on_step=on_step,
+        on_step=budget,
     )
-    train_cpu = spent()
-    train_wall = time.perf_counter() - train_wall0
+    train_cpu, train_wall = budget.spent(), budget.wall()
     after = table()
     print(
         f"distilled {result.steps} steps ({result.steps * bs} sentences, "
@@ -298,9 +278,9 @@ def main() -> None:
             }
             for i, (n, c) in enumerate(zip(names, served))
         ],
-        "curve": curve,
-        "eval_cpu_minutes": eval_cpu / 60,
-        "log": log,
+        "curve": budget.curve,
+        "eval_cpu_minutes": budget.eval_cpu_s / 60,
+        "log": budget.log,
     }
     (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"total {(time.process_time() - cpu0) / 60:.1f} CPU-min, {(time.perf_counter() - wall0) / 60:.1f} min wall")

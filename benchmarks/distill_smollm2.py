@@ -37,7 +37,7 @@ import transformers
 import subnetact
 from subnetact.train import Fixed, distill, evaluate
 
-from _common import stdlib_docstrings
+from _common import CpuBudget, stdlib_docstrings
 
 GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -125,34 +125,19 @@ def main() -> None:
             p.requires_grad_(".mlp." in name)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
-    budget = args.cpu_minutes * 60.0
-    train_cpu0, train_wall0 = time.process_time(), time.perf_counter()
-    eval_cpu = 0.0
+    budget = CpuBudget(
+        args.cpu_minutes,
+        wall_minutes=args.wall_minutes,
+        eval_every=args.eval_every,
+        table=table,
+        metric="perplexity",
+        digits=3,
+    )
     # Linear warm-up, then linear decay to 0 with the CPU budget spent (the steps a budget buys are not known).
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: (
-            min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - (time.process_time() - train_cpu0 - eval_cpu) / budget)
-        ),
+        lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - budget.spent() / budget.budget_s),
     )
-    log: list[dict] = []
-    curve: list[dict] = []
-
-    def on_step(step: int, result) -> bool:
-        nonlocal eval_cpu
-        if args.eval_every and step % args.eval_every == 0:
-            t = time.process_time()
-            scores = table()
-            curve.append({"step": step, "cpu_s": t - train_cpu0 - eval_cpu, "perplexity": scores})
-            eval_cpu += time.process_time() - t
-            print(f"eval step {step}: " + "  ".join(f"{v:.3f}" for v in scores), flush=True)
-        used = time.process_time() - train_cpu0 - eval_cpu
-        losses = "  ".join(f"{loss:.4f}" for loss in result.losses)
-        print(f"step {step:4d}  cpu {used / 60:5.2f} min  losses {losses}", flush=True)
-        log.append({"step": step, "cpu_s": used, "losses": list(result.losses)})
-        if args.wall_minutes is not None and time.perf_counter() - train_wall0 > 60 * args.wall_minutes:
-            return True
-        return used >= budget
 
     result = distill(
         model,
@@ -164,10 +149,9 @@ def main() -> None:
         reorder=False,  # done above, so the table has a row for it
         lr_scheduler=lr_schedule,
         seed=args.seed,
-        on_step=on_step,
+        on_step=budget,
     )
-    train_cpu = time.process_time() - train_cpu0 - eval_cpu
-    train_wall = time.perf_counter() - train_wall0
+    train_cpu, train_wall = budget.spent(), budget.wall()
     after = table()
     tokens = result.steps * bs * args.length
     print(
@@ -210,8 +194,8 @@ def main() -> None:
             }
             for i, (n, c) in enumerate(zip(names, served))
         ],
-        "curve": curve,
-        "log": log,
+        "curve": budget.curve,
+        "log": budget.log,
     }
     (args.out / "results.json").write_text(json.dumps(record, indent=1) + "\n")
     print(f"total {(time.process_time() - cpu0) / 60:.1f} CPU-min, {(time.perf_counter() - wall0) / 60:.1f} min wall")

@@ -92,6 +92,8 @@ from .plan_guard import PlanGuard
 __all__ = ["ServingApp"]
 
 _log = logging.getLogger("subnetact.serving")
+_YIELDS_BEFORE_PARSE = 2
+"""Event-loop turns a request's handler gives up before parsing its body (see ``ServingApp._serve``)."""
 _CLOSE = {"connection": "close"}
 REQUEST_START = REQUEST_START_HEADER.encode()
 ARRIVED = "subnetact.arrived"
@@ -300,6 +302,15 @@ class ServingApp:
         length = request.headers.get("content-length")
         if length is not None and int(length) > self.max_body_bytes:  # the HTTP parser already checked it is an int
             raise self._too_large(int(length))
+        # Two turns of the event loop before this request's body is parsed and submitted. A burst of requests is read
+        # in one turn and each handler then runs in one go (~50 µs: body, decode, submit), so without them the loop
+        # parses and submits the whole burst before it reads a socket again: the scheduler starts a batch with the
+        # first requests while the rest are still being parsed, and requests arriving meanwhile wait in the kernel,
+        # off the server's clock. Yielding lets the loop read every socket of the burst first. Measured (hey, 20 and
+        # 64 connections, docs/benchmarks.md): clients' p50 8.9 -> 7.0 and 20.3 -> 17.5 ms, 15 % fewer batches, the
+        # server's clock within 1.3-1.6 ms of the clients' at 64 (was 3.1-4.1); cost about 6 µs of CPU per yield.
+        for _ in range(_YIELDS_BEFORE_PARSE):
+            await asyncio.sleep(0)
         try:
             body = await _within(self._read_body(request), self.body_timeout_s)
         except asyncio.TimeoutError:
