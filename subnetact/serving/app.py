@@ -462,7 +462,8 @@ if sys.version_info >= (3, 11):
 
         ``asyncio.wait_for`` would wrap the awaitable in a task of its own, one more task and two more event-loop
         turns per call; twice per request, that was a third of the front end's per-request CPU (issue 22, hey at 64
-        connections: ``docs/benchmarks.md``)."""
+        connections: ``docs/benchmarks.md``). The two turns a handler takes before parsing its body
+        (``_YIELDS_BEFORE_PARSE``) are there on purpose, and cost less without the tasks."""
         async with asyncio.timeout(seconds):
             return await awaitable
 
