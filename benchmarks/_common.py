@@ -116,8 +116,8 @@ class CpuBudget:
 
     Every ``eval_every`` steps it calls ``table()`` (one score per served subnet) and appends ``{"step", "cpu_s",
     metric: scores}`` to :attr:`curve`; that CPU is not charged to the budget. Each step's losses go to :attr:`log`
-    (printed every ``print_every`` steps). :meth:`spent` is the budget used so far, also for learning-rate schedules
-    that decay with it (the steps a budget buys are not known in advance).
+    (printed every ``print_every`` steps). :meth:`spent` is the budget used so far; :meth:`lr_factor` decays the
+    learning rate with it (the steps a budget buys are not known in advance).
     """
 
     def __init__(
@@ -143,6 +143,11 @@ class CpuBudget:
     def spent(self) -> float:
         """Process CPU seconds charged to the budget so far."""
         return time.process_time() - self.cpu0 - self.eval_cpu_s
+
+    def lr_factor(self, step: int, warmup: int) -> float:
+        """A learning-rate multiplier (``LambdaLR``): linear warm-up over ``warmup`` steps, then linear decay to 0
+        with the budget spent."""
+        return min(1.0, (step + 1) / warmup) * max(0.0, 1.0 - self.spent() / self.budget_s)
 
     def wall(self) -> float:
         """Wall seconds since the budget started."""

@@ -182,6 +182,8 @@ def main() -> None:
         space.make(depth=2, width=0.5),
     ]
     names = ["6 layers @ 1.0", "4 layers @ 0.75", "3 layers @ 0.5", "2 layers @ 0.5"]
+    if not 1 <= args.train_subnets <= len(served):  # before any training time is spent
+        parser.error(f"--train-subnets={args.train_subnets} must be 1 to {len(served)}")
 
     def table() -> list[float]:
         scores = evaluate(model, served, held_batches, metric="cosine", teacher=original)
@@ -202,8 +204,6 @@ def main() -> None:
     frozen = ("embeddings.", "LayerNorm.") if args.freeze_shared else ()
     trained = [p for name, p in model.named_parameters() if not any(f in name for f in frozen)]
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
-    if not 1 <= args.train_subnets <= len(served):
-        parser.error(f"--train-subnets={args.train_subnets} must be 1 to {len(served)}")
     trained_subnets = tuple(served[: args.train_subnets])
     weights = (args.full_weight,) + (1.0,) * (len(trained_subnets) - 1)
     schedule = Fixed(trained_subnets, weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
@@ -215,10 +215,7 @@ def main() -> None:
         metric="cosine",
         print_every=20,
     )
-    # The learning rate warms up linearly, then decays linearly to 0 with the CPU budget spent.
-    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - budget.spent() / budget.budget_s)
-    )
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: budget.lr_factor(step, args.warmup))
 
     result = distill(
         model,

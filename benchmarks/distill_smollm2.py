@@ -133,11 +133,7 @@ def main() -> None:
         metric="perplexity",
         digits=3,
     )
-    # Linear warm-up, then linear decay to 0 with the CPU budget spent (the steps a budget buys are not known).
-    lr_schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda step: min(1.0, (step + 1) / args.warmup) * max(0.0, 1.0 - budget.spent() / budget.budget_s),
-    )
+    lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: budget.lr_factor(step, args.warmup))
 
     result = distill(
         model,

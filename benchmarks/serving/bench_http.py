@@ -17,6 +17,7 @@ import csv
 import io
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -117,7 +118,7 @@ def main() -> None:
         for keepalive in [True, False] if args.no_keepalive else [True]:
             port = _free_port()
             proc = _start(
-                args.profile, port, ["--default-deadline-ms", f"{args.deadline_ms:g}", *args.server_args.split()]
+                args.profile, port, ["--default-deadline-ms", f"{args.deadline_ms:g}", *shlex.split(args.server_args)]
             )
             try:
                 r = run_hey(
