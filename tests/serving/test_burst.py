@@ -4,12 +4,13 @@ together and the requests' clocks start when the event loop reads them, not afte
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 pytest.importorskip("starlette")
 pytest.importorskip("prometheus_client")
+
+from asgi_request import DIGITS_BODY, call  # noqa: E402
 
 from scheduling import datasets  # noqa: E402
 from subnetact.serving import ServingApp  # noqa: E402
@@ -45,24 +46,10 @@ def test_a_burst_is_read_before_any_of_it_is_submitted():
     entered = [0]
     backend = RecordingBackend(profile, entered)
     app = ServingApp(backend, input_shape=(1, 8, 8), decode_processes=0)
-    body = json.dumps({"input": [[[0.5] * 8] * 8], "deadline_ms": 5000}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
 
     async def one() -> int:
         entered[0] += 1  # uvicorn starts a task per request it has parsed; here, all in the same turn
-        scope = {"type": "http", "http_version": "1.1", "method": "POST", "path": "/predict", "raw_path": b"/predict"}
-        scope |= {"query_string": b"", "headers": headers, "scheme": "http", "server": ("t", 80), "root_path": ""}
-        status = []
-
-        async def receive():
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        async def send(message):
-            if message["type"] == "http.response.start":
-                status.append(message["status"])
-
-        await app(scope, receive, send)
-        return status[0]
+        return (await call(app, "POST", "/predict", DIGITS_BODY))[0]
 
     async def burst(n: int) -> list[int]:
         return await asyncio.gather(*(one() for _ in range(n)))

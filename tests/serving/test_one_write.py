@@ -18,6 +18,8 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 pytest.importorskip("prometheus_client")
 
+from asgi_request import DIGITS_BODY, call  # noqa: E402
+
 from scheduling import datasets  # noqa: E402
 from subnetact.serving import LocalBackend, ServingApp, make_server  # noqa: E402
 from subnetact.serving.server import OneWritePerResponse  # noqa: E402
@@ -112,38 +114,10 @@ def test_the_servers_latency_ends_when_the_answer_is_written():
         return [{"prediction": 0, "subnet": subnet_id, "batch_size": len(payloads)} for _ in payloads]
 
     app = ServingApp(LocalBackend(model, profile, policy=f"fixed:{profile.ids[0]}"), input_shape=(1, 8, 8))
-    body = json.dumps({"input": [[[0.5] * 8] * 8], "deadline_ms": 5000}).encode()
-
-    async def call(method: str, path: str, payload: bytes, slow_write_s: float) -> tuple[list[dict], bytes]:
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        scope = {
-            "type": "http",
-            "http_version": "1.1",
-            "method": method,
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "headers": headers,
-            "scheme": "http",
-            "server": ("t", 80),
-            "root_path": "",
-        }
-        sent: list[dict] = []
-
-        async def receive():
-            return {"type": "http.request", "body": payload, "more_body": False}
-
-        async def send(message):
-            if message["type"] == "http.response.body":
-                await asyncio.sleep(slow_write_s)  # the transport takes its time with the last bytes
-            sent.append(message)
-
-        await app(scope, receive, send)
-        return sent, b"".join(m.get("body", b"") for m in sent)
 
     async def scenario():
-        _, answer = await call("POST", "/predict", body, slow_write_s=0.08)
-        _, stats = await call("GET", "/stats", b"", slow_write_s=0.0)
+        _, answer = await call(app, "POST", "/predict", DIGITS_BODY, slow_write_s=0.08)  # a slow transport
+        _, stats = await call(app, "GET", "/stats")
         return json.loads(answer), json.loads(stats)
 
     try:
