@@ -308,7 +308,7 @@ class ServingApp:
         # first requests while the rest are still being parsed, and requests arriving meanwhile wait in the kernel,
         # off the server's clock. Yielding lets the loop read every socket of the burst first. Measured (hey, 20 and
         # 64 connections, docs/benchmarks.md): clients' p50 8.9 -> 7.0 and 20.3 -> 17.5 ms, 15 % fewer batches, the
-        # server's clock within 1.3-1.6 ms of the clients' at 64 (was 3.1-4.1); cost about 6 µs of CPU per yield.
+        # server's clock within 1.3-2.3 ms of the clients' at 64 (was 2.9-4.1); cost about 6 µs of CPU per yield.
         for _ in range(_YIELDS_BEFORE_PARSE):
             await asyncio.sleep(0)
         try:
