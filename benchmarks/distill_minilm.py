@@ -9,11 +9,13 @@ layers, 12 heads, FFN 1536), loaded with ``transformers`` from the package direc
 cosine of each subnet's sentence embedding (sentence-transformers' mean pooling) to the original model's, on the
 held-out sentences.
 
-Steps: convert; reorder heads and FFN neurons by activation importance (``subnetact.reorder(score="activation")``);
-``subnetact.train.distill`` with the original model as the frozen teacher, ``loss="embedding"`` and the served subnets
+Steps: convert; with ``--depth-rule measured``, measure which layers each depth keeps
+(``subnetact.train.order_layers``); reorder heads and FFN neurons by activation importance
+(``subnetact.reorder(score="activation")``); with ``--refit-batches N``, refit the sliced output projections by least
+squares (``subnetact.train.refit_sliced_linears``); ``subnetact.train.distill`` with the original model as the frozen teacher, ``loss="embedding"`` and the served subnets
 as a :class:`subnetact.train.Fixed` schedule (``--schedule sandwich`` for the sandwich rule), until ``--cpu-minutes``
 of process CPU time (all threads, ``time.process_time``: the machine is shared, so wall time says little); then the
-table before (as converted), after reordering, and after distillation, per served subnet. Writes ``results.json``
+table after each step, per served subnet. Ordering, reordering and the refit are charged to the CPU budget. Writes ``results.json``
 and the trained supernet (``subnetact.save``) under ``--out``.
 """
 
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 
 import subnetact
-from subnetact.train import Fixed, Sandwich, distill, evaluate
+from subnetact.train import Fixed, Sandwich, distill, evaluate, order_layers, refit_sliced_linears
 from subnetact.train.losses import mean_pool, token_mask
 
 from _common import CpuBudget, stdlib_docstrings
@@ -118,14 +120,19 @@ def main() -> None:
     parser.add_argument("--train-max-length", type=int, default=None)
     parser.add_argument(
         "--depth-rule",
-        choices=["every_other", "spread"],
+        choices=["every_other", "spread", "measured"],
         default=None,
-        help="which layers a smaller depth keeps (ConvertConfig.depth_rule; default: the encoder's, every_other)",
+        help="which layers a smaller depth keeps (ConvertConfig.depth_rule; default: the encoder's, every_other); "
+        "measured: subnetact.train.order_layers on --order-batches training batches, after converting with spread",
     )
     parser.add_argument(
         "--train-subnets", type=int, default=4, help="train the first N served subnets (all 4 are measured)"
     )
     parser.add_argument("--freeze-shared", action="store_true", help="train neither embeddings nor LayerNorms")
+    parser.add_argument("--order-batches", type=int, default=4, help="training batches for --depth-rule measured")
+    parser.add_argument(
+        "--refit-batches", type=int, default=0, help="training batches for refit_sliced_linears (0: no refit)"
+    )
     parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--out", type=Path, default=Path("minilm-run"))
     args = parser.parse_args()
@@ -173,7 +180,8 @@ def main() -> None:
     import copy
 
     original = copy.deepcopy(model)  # the reference every table row is measured against
-    subnetact.convert(model, subnetact.ConvertConfig(depth_rule=args.depth_rule))
+    rule = "spread" if args.depth_rule == "measured" else args.depth_rule
+    subnetact.convert(model, subnetact.ConvertConfig(depth_rule=rule))
     space = model.space
     served = [
         space.make(depth=6, width=1.0),
@@ -192,21 +200,9 @@ def main() -> None:
     prep_cpu = time.process_time() - cpu0
     before = table()
     print("as converted:   " + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, before)), flush=True)
-    if not args.no_reorder:
-        subnetact.reorder(model, train_batches[:8], score="activation")
-        reordered = table()
-        print("reordered:      " + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, reordered)), flush=True)
-    else:
-        reordered = None
-
-    # --freeze-shared: the embeddings and every LayerNorm are shared by all subnets unsliced, so each small subnet's
-    # update to them also moves the full model; frozen, the subnets adapt through the layers' own weights only.
-    frozen = ("embeddings.", "LayerNorm.") if args.freeze_shared else ()
-    trained = [p for name, p in model.named_parameters() if not any(f in name for f in frozen)]
-    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     trained_subnets = tuple(served[: args.train_subnets])
     weights = (args.full_weight,) + (1.0,) * (len(trained_subnets) - 1)
-    schedule = Fixed(trained_subnets, weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
+    # The budget starts here: reordering and the refit are charged to it, the held-out tables are not.
     budget = CpuBudget(
         args.cpu_minutes,
         wall_minutes=args.wall_minutes,
@@ -215,6 +211,36 @@ def main() -> None:
         metric="cosine",
         print_every=20,
     )
+    reordered = refitted = refit = ordered = layer_order = None
+    if args.depth_rule == "measured":
+        plain = [{k: b[k] for k in ("input_ids", "attention_mask")} for b in train_batches[: args.order_batches]]
+        layer_order = order_layers(model, plain, metric="cosine", teacher=original)
+        ordered = budget.uncharged(table)
+        print(
+            f"layer order {layer_order.order} ({budget.spent() / 60:.2f} CPU-min so far): "
+            + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, ordered)),
+            flush=True,
+        )
+    if not args.no_reorder:
+        subnetact.reorder(model, train_batches[:8], score="activation")
+        reordered = budget.uncharged(table)
+        print("reordered:      " + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, reordered)), flush=True)
+    if args.refit_batches:
+        plain = [{k: b[k] for k in ("input_ids", "attention_mask")} for b in train_batches[: args.refit_batches]]
+        refit = refit_sliced_linears(model, trained_subnets, plain, weights=weights)
+        refitted = budget.uncharged(table)
+        print(
+            f"refit ({refit.rows} tokens, {len(refit.layers)} layers, {budget.spent() / 60:.2f} CPU-min so far): "
+            + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, refitted)),
+            flush=True,
+        )
+
+    # --freeze-shared: the embeddings and every LayerNorm are shared by all subnets unsliced, so each small subnet's
+    # update to them also moves the full model; frozen, the subnets adapt through the layers' own weights only.
+    frozen = ("embeddings.", "LayerNorm.") if args.freeze_shared else ()
+    trained = [p for name, p in model.named_parameters() if not any(f in name for f in frozen)]
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
+    schedule = Fixed(trained_subnets, weights=weights) if args.schedule == "served" else Sandwich(num_random=2)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: budget.lr_factor(step, args.warmup))
 
     result = distill(
@@ -234,15 +260,18 @@ def main() -> None:
     after = table()
     print(
         f"distilled {result.steps} steps ({result.steps * bs} sentences, "
-        f"{result.steps * bs / len(train_sents):.2f} epochs) in {train_cpu / 60:.2f} CPU-min "
+        f"{result.steps * bs / len(train_sents):.2f} epochs); reorder, refit and training: "
+        f"{train_cpu / 60:.2f} CPU-min "
         f"({train_wall / 60:.1f} min "
         f"wall, load {os.getloadavg()[0]:.1f})",
         flush=True,
     )
-    print(f"{'subnet':<18}{'as converted':>14}{'reordered':>12}{'distilled':>12}")
+    print(f"{'subnet':<18}{'as converted':>14}{'layer order':>13}{'reordered':>12}{'refit':>10}{'distilled':>12}")
     for i, n in enumerate(names):
+        o = f"{ordered[i]:.4f}" if ordered else "-"
         r = f"{reordered[i]:.4f}" if reordered else "-"
-        print(f"{n:<18}{before[i]:>14.4f}{r:>12}{after[i]:>12.4f}")
+        f = f"{refitted[i]:.4f}" if refitted else "-"
+        print(f"{n:<18}{before[i]:>14.4f}{o:>13}{r:>12}{f:>10}{after[i]:>12.4f}")
     args.out.mkdir(parents=True, exist_ok=True)
     subnetact.save(model, args.out / "minilm_supernet.safetensors")
     record = {
@@ -255,13 +284,16 @@ def main() -> None:
         "teacher": args.teacher,
         "schedule": args.schedule,
         "depth_rule": args.depth_rule or "every_other",
+        "layer_order": None if layer_order is None else {"order": layer_order.order, "scores": layer_order.scores},
         "freeze_shared": args.freeze_shared,
         "steps": result.steps,
         "batch_size": bs,
         "lr": args.lr,
         "lr_schedule": f"linear warm-up over {args.warmup} steps, then linear decay to 0 with the CPU budget spent",
         "max_length": args.max_length,
-        "distill_cpu_minutes": train_cpu / 60,
+        "refit_batches": args.refit_batches,
+        "refit_tokens": refit.rows if refit else None,
+        "distill_cpu_minutes": train_cpu / 60,  # reorder + refit + training
         "distill_wall_minutes": train_wall / 60,
         "prepare_cpu_minutes": prep_cpu / 60,
         "loadavg": os.getloadavg(),
@@ -270,7 +302,9 @@ def main() -> None:
                 "name": n,
                 "config": c.to_dict(),
                 "cosine_as_converted": before[i],
+                "cosine_layer_order": ordered[i] if ordered else None,
                 "cosine_reordered": reordered[i] if reordered else None,
+                "cosine_refit": refitted[i] if refitted else None,
                 "cosine_distilled": after[i],
             }
             for i, (n, c) in enumerate(zip(names, served))

@@ -10,10 +10,12 @@ windows of ``--length`` tokens, ``--eval-chunks`` held-out windows of ``--eval-l
 
 Served subnets: the full model, FFN width 0.75 and FFN width 0.5 in every layer (all heads, all 30 layers).
 Steps: convert; FFN neurons and KV groups reordered by activation importance (``subnetact.hf.reorder_decoder`` on
-4 training batches: what ``distill`` does by default, run here so the table has a row for it);
-``subnetact.train.distill`` with the original as the frozen teacher, the next-token loss (KL(teacher || subnet) per
+4 training batches: what ``distill`` does by default, run here so the table has a row for it); the FFN down
+projections refit by nested least squares (``subnetact.train.refit_sliced_linears`` on ``--refit-batches``
+training batches, the same weights as the schedule's); ``subnetact.train.distill`` with the original as the frozen teacher, the next-token loss (KL(teacher || subnet) per
 token) and the served subnets as a :class:`subnetact.train.Fixed` schedule (``--full-weight`` on the full model's
-loss), training only the FFN weights (``--train all``: every weight), until ``--cpu-minutes`` of process CPU time.
+loss), training only the FFN weights (``--train all``: every weight), until ``--cpu-minutes`` of process CPU time
+(reordering and the refit included; the held-out tables are not).
 Metric: held-out perplexity of each subnet, and its ratio to the full model's (targets: <= 1.15 at 0.75, <= 1.5
 at 0.5; the full model <= 1.02 x the original's).
 """
@@ -35,7 +37,7 @@ import torch
 import transformers
 
 import subnetact
-from subnetact.train import Fixed, distill, evaluate
+from subnetact.train import Fixed, distill, evaluate, refit_sliced_linears
 
 from _common import CpuBudget, stdlib_docstrings
 
@@ -62,6 +64,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5, help="linear warm-up steps")
     parser.add_argument("--full-weight", type=float, default=1.0, help="loss weight of the full model")
     parser.add_argument("--train", choices=["ffn", "all"], default="ffn", help="which weights are trained")
+    parser.add_argument(
+        "--refit-batches", type=int, default=16, help="training batches for refit_sliced_linears (0: no refit)"
+    )
     parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--heldout-percent", type=int, default=15, help="%% of stdlib files held out")
     parser.add_argument("--seed", type=int, default=0)
@@ -115,16 +120,9 @@ def main() -> None:
     del original
     before = table()
     print(f"original {original_ppl:.3f}; as converted: " + "  ".join(f"{n}: {v:.3f}" for n, v in zip(names, before)))
-    subnetact.hf.reorder_decoder(model, train_batches[:4], score="activation")  # what distill would do first
-    reordered = table()
-    print("reordered: " + "  ".join(f"{n}: {v:.3f}" for n, v in zip(names, reordered)), flush=True)
     prep_cpu = time.process_time() - cpu0
 
-    if args.train == "ffn":  # the FFN is all the served subnets differ in; attention, norms, embeddings stay
-        for name, p in model.named_parameters():
-            p.requires_grad_(".mlp." in name)
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
+    # The budget starts here: reordering and the refit are charged to it, the held-out tables are not.
     budget = CpuBudget(
         args.cpu_minutes,
         wall_minutes=args.wall_minutes,
@@ -133,6 +131,26 @@ def main() -> None:
         metric="perplexity",
         digits=3,
     )
+    subnetact.hf.reorder_decoder(model, train_batches[:4], score="activation")  # what distill would do first
+    reordered = budget.uncharged(table)
+    print("reordered: " + "  ".join(f"{n}: {v:.3f}" for n, v in zip(names, reordered)), flush=True)
+    weights = (args.full_weight, 1.0, 1.0)
+    refit = None
+    if args.refit_batches:
+        refit = refit_sliced_linears(model, served, train_batches[: args.refit_batches], weights=weights)
+        refit_cpu = budget.spent()
+        refitted = budget.uncharged(table)
+        print(
+            f"refit ({refit.rows} tokens, {len(refit.layers)} layers, {refit_cpu / 60:.2f} CPU-min so far): "
+            + "  ".join(f"{n}: {v:.3f}" for n, v in zip(names, refitted)),
+            flush=True,
+        )
+
+    if args.train == "ffn":  # the FFN is all the served subnets differ in; attention, norms, embeddings stay
+        for name, p in model.named_parameters():
+            p.requires_grad_(".mlp." in name)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: budget.lr_factor(step, args.warmup))
 
     result = distill(
@@ -141,7 +159,7 @@ def main() -> None:
         optimizer,
         steps=100_000,  # stopped by the CPU budget
         loss="next_token",
-        schedule=Fixed(tuple(served), weights=(args.full_weight, 1.0, 1.0)),
+        schedule=Fixed(tuple(served), weights=weights),
         reorder=False,  # done above, so the table has a row for it
         lr_scheduler=lr_schedule,
         seed=args.seed,
@@ -151,14 +169,20 @@ def main() -> None:
     after = table()
     tokens = result.steps * bs * args.length
     print(
-        f"distilled {result.steps} steps ({tokens} tokens) in {train_cpu / 60:.2f} CPU-min "
+        f"distilled {result.steps} steps ({tokens} tokens); reorder, refit and training: {train_cpu / 60:.2f} "
+        "CPU-min "
         f"({train_wall / 60:.1f} min wall, load {os.getloadavg()[0]:.1f})"
     )
-    print(f"{'subnet':<10}{'as converted':>14}{'reordered':>11}{'distilled':>11}{'/ full':>8}{'/ original':>12}")
+    if refit is None:
+        refitted = [float("nan")] * len(names)
+    print(
+        f"{'subnet':<10}{'as converted':>14}{'reordered':>11}{'refit':>9}{'distilled':>11}{'/ full':>8}"
+        f"{'/ original':>12}"
+    )
     for i, n in enumerate(names):
         print(
-            f"{n:<10}{before[i]:>14.3f}{reordered[i]:>11.3f}{after[i]:>11.3f}{after[i] / after[0]:>8.3f}"
-            f"{after[i] / original_ppl:>12.3f}"
+            f"{n:<10}{before[i]:>14.3f}{reordered[i]:>11.3f}{refitted[i]:>9.3f}{after[i]:>11.3f}"
+            f"{after[i] / after[0]:>8.3f}{after[i] / original_ppl:>12.3f}"
         )
     args.out.mkdir(parents=True, exist_ok=True)
     record = {
@@ -174,7 +198,10 @@ def main() -> None:
         "lr": args.lr,
         "trained": args.train,
         "full_weight": args.full_weight,
-        "distill_cpu_minutes": train_cpu / 60,
+        "refit_batches": args.refit_batches,
+        "refit_tokens": None if refit is None else refit.rows,
+        "distill_cpu_minutes": train_cpu / 60,  # reorder + refit + training
+        "refit_cpu_minutes": None if refit is None else refit_cpu / 60,
         "distill_wall_minutes": train_wall / 60,
         "prepare_cpu_minutes": prep_cpu / 60,
         "loadavg": os.getloadavg(),
@@ -185,6 +212,7 @@ def main() -> None:
                 "config": c.to_dict(),
                 "perplexity_as_converted": before[i],
                 "perplexity_reordered": reordered[i],
+                "perplexity_refit": None if refit is None else refitted[i],
                 "perplexity_distilled": after[i],
                 "ratio_to_full": after[i] / after[0],
             }

@@ -12,6 +12,7 @@ from .errors import ConfigError, UnsupportedModelError
 from .examples import detached_copy, example_call, one_thread, trace_model
 from .graph import analyse_trace
 from .handlers import OperatorEntry, build_operator, check_kinds
+from .layer_select import check_keep_order
 from .operator import Operator
 from .plan import (  # noqa: F401  (ConvertConfig, register_model_adapter: kept importable from here)
     ConversionPlan,
@@ -295,7 +296,7 @@ def _insert_operators(
     plan: ConversionPlan,
     entries: list[tuple[str, OperatorEntry]],
     replaced: list,
-    depth_rule: str | None = None,
+    depth_rule: str | tuple[int, ...] | None = None,
 ) -> None:
     """Replace every planned module by the operator its kind's handler builds (:mod:`subnetact.handlers`), every
     other BatchNorm by an unsliced :class:`SubnetNorm`, and every stage by a :class:`LayerSelect` that keeps blocks
@@ -308,6 +309,8 @@ def _insert_operators(
             _replace(model, path, build_operator(path, module, unsliced), replaced)
     for path in dict.fromkeys(stage.path for stage in plan.stages):
         rule = depth_rule or next(s.rule for s in plan.stages if s.path == path)
+        if isinstance(rule, tuple):  # a keep order names every block of the stage
+            check_keep_order(rule, len(model.get_submodule(path)))
         select = OperatorEntry("layer_select", (), rule)
         _replace(model, path, build_operator(path, model.get_submodule(path), select), replaced)
 

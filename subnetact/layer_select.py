@@ -17,7 +17,7 @@ SPREAD = "spread"
 RULES = (PREFIX, EVERY_OTHER, SPREAD)
 
 
-def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
+def kept_layers(num_layers: int, depth: int, rule: str | tuple[int, ...] = PREFIX) -> list[int]:
     """Indices of the blocks a stage of ``num_layers`` blocks runs at ``depth``.
 
     ``"prefix"`` (convolutional supernets, once-for-all): the first ``depth`` blocks.
@@ -29,11 +29,18 @@ def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
     all-MiniLM-L6-v2, untrained, 3 of 6 layers keep a mean cosine of 0.66 to the full model's embeddings with this rule
     and 0.36 with ``"every_other"`` (``docs/benchmarks.md``, issue 25).
 
+    A tuple is a *keep order*: every block index once, most important first (what
+    :func:`subnetact.train.order_layers` measures); ``depth`` keeps the first ``depth`` of them, run in model order,
+    so smaller depths are nested in larger ones.
+
     ``depth=0`` runs no block: a stage of skippable blocks may be switched off entirely (once-for-all's ResNet
     drops the residual block of its input stem, issue 4). Whether 0 is allowed is the space's choice.
     """
     if not 0 <= depth <= num_layers:
         raise ConfigError(f"depth={depth!r} must be between 0 and num_layers={num_layers}")
+    if isinstance(rule, tuple):
+        check_keep_order(rule, num_layers)
+        return sorted(rule[:depth])
     if rule == PREFIX:
         return list(range(depth))
     if rule == EVERY_OTHER:
@@ -45,6 +52,24 @@ def kept_layers(num_layers: int, depth: int, rule: str = PREFIX) -> list[int]:
     raise ConfigError(f"rule={rule!r} is not one of {RULES}")
 
 
+def check_keep_order(order: tuple[int, ...], num_layers: int) -> None:
+    """Raise ``ConfigError`` unless ``order`` lists each of ``0 .. num_layers - 1`` exactly once."""
+    if sorted(order) != list(range(num_layers)):
+        raise ConfigError(
+            f"depth_rule={order!r}: a keep order must list each of the stage's {num_layers} blocks (0 to "
+            f"{num_layers - 1}) exactly once"
+        )
+
+
+def is_rule(rule: object) -> bool:
+    """A named rule of :data:`RULES` or a keep order (a tuple of ints)."""
+    if isinstance(rule, tuple):
+        return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in rule) and len(set(rule)) == len(
+            rule
+        )
+    return rule in RULES
+
+
 class _StageSelect(Operator):
     """What the two stage containers share: the keep rule, the plan entry (the kept blocks) and the conversions.
 
@@ -53,9 +78,9 @@ class _StageSelect(Operator):
 
     _container: type[nn.Module]
 
-    def _init_select(self, rule: str) -> None:
-        if rule not in RULES:
-            raise ConfigError(f"rule={rule!r} is not one of {RULES}")
+    def _init_select(self, rule: str | tuple[int, ...]) -> None:
+        if not is_rule(rule):
+            raise ConfigError(f"rule={rule!r} is not one of {RULES} or a keep order (a tuple of block indices)")
         self.rule = rule
         # (depth entry, first position, end position) per elastic run of blocks, set by convert. One segment
         # covering every block is a whole stage; several segments are runs inside one flat Sequential (MobileNetV2's

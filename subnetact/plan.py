@@ -19,7 +19,7 @@ from ._registry import ClassRegistry
 from .checks import is_int, is_real
 from .errors import ConfigError, UnsupportedModelError
 from .handlers import OperatorEntry
-from .layer_select import PREFIX, RULES
+from .layer_select import PREFIX, RULES, is_rule
 from .space import Entry
 from .state import ChannelGroup
 
@@ -38,12 +38,13 @@ class ConvertConfig:
             the analysis's own choice (``"prefix"`` for convolutional stages, ``"every_other"`` for transformer
             layer stacks), or ``"prefix"``, ``"every_other"`` or ``"spread"`` for every stage. ``"spread"`` keeps the
             first and the last block of each stage; use it when the output is read off the last block, as a
-            sentence encoder's embedding is.
+            sentence encoder's embedding is. Or a *keep order*: a tuple of block indices, most important first
+            (:func:`subnetact.train.order_layers` measures one); every stage must then have that many blocks.
     """
 
     width_choices: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0)
     min_depth: int = 1
-    depth_rule: str | None = None
+    depth_rule: str | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         choices = tuple(self.width_choices)
@@ -57,8 +58,15 @@ class ConvertConfig:
             raise ConfigError(f"width_choices={choices!r} must be strictly increasing")
         if not is_int(self.min_depth) or self.min_depth < 1:
             raise ConfigError(f"min_depth={self.min_depth!r} must be an int >= 1")
-        if self.depth_rule is not None and self.depth_rule not in RULES:
-            raise ConfigError(f"depth_rule={self.depth_rule!r} must be None or one of {RULES}")
+        rule = self.depth_rule
+        if isinstance(rule, (list, tuple)):
+            rule = tuple(rule)
+            object.__setattr__(self, "depth_rule", rule)
+        if rule is not None and not is_rule(rule):
+            raise ConfigError(
+                f"depth_rule={self.depth_rule!r} must be None, one of {RULES}, or a keep order (distinct block "
+                "indices >= 0, most important first)"
+            )
 
     def to_dict(self) -> dict:
         return asdict(self)
