@@ -18,14 +18,15 @@ The solution needs only the input Gram matrix ``E[a a^T]`` of each layer (``W0``
 one pass over the batches and one ``(n+1) x (n+1)`` solve per layer do it. The largest subnet's weight decides how
 much it may give up for the others; with lam = 0 for it, it is not protected at all.
 
-Measured on the real SmolLM2-135M (FFN 0.75 and 0.5, weights 1, 1 and 4 on the full model; ``docs/training.md``):
-before any training, the perplexity ratios to the full model fall from 1.39 and 3.21 to 1.17 and 1.72, for 1.03x
-the original's perplexity on the full model, in about one CPU-minute.
+Measured on the real SmolLM2-135M (FFN 0.75 and 0.5, weights 4, 1 and 1, 32 batches of 512 tokens, 1.9 CPU-minutes;
+``docs/benchmarks.md``): before any training, held-out perplexity 25.3 -> 21.8 and 58.4 -> 33.7, for 1.2 % on the
+full model's. Too few samples (under about 10 tokens per input feature) make the fit follow them: raise ``ridge``.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from ..config import SubnetConfig
 from ..errors import ArgumentTypeError, ConfigError
 from ..state import state_of
 from .distill import call
+
+_ROWS_PER_FEATURE = 4  # fewer sample tokens than this per input feature: warn (measured on SmolLM2, see below)
 
 
 @dataclass(frozen=True)
@@ -73,8 +76,9 @@ def refit_sliced_linears(
     """Refit, in place, every ``nn.Linear`` whose input width differs between ``subnets`` (see the module docstring).
 
     Typically the FFN down projections and the attention output projections of a width-sliced transformer, after
-    importance reordering and before distillation. Linear layers that every subnet uses at full input width are not
-    touched; nor is anything else.
+    importance reordering and before distillation; then call :func:`subnetact.train.distill` with ``reorder=False``,
+    since reordering again would move other features into the prefixes that were fit. Linear layers that every
+    subnet uses at full input width are not touched; nor is anything else.
 
     Args:
         model: a model returned by :func:`subnetact.convert`.
@@ -85,7 +89,9 @@ def refit_sliced_linears(
             shape (B, T)) are left out of the statistics.
         weights: one weight >= 0 per config (default 1 each): how much its reconstruction error counts. Raise the
             largest subnet's to keep it closer to the original.
-        ridge: >= 0, the pull towards the current weights, relative to the mean input energy.
+        ridge: >= 0, the pull towards the current weights, relative to the mean input energy. The default suits
+            samples of 10 or more tokens per input feature (SmolLM2's 1,536-wide down projections: 16,384 tokens);
+            with fewer, the fit follows the samples (a warning says so below 4 per feature): raise it.
 
     Returns:
         :class:`RefitResult`, with each layer's relative output error before and after, per width.
@@ -111,6 +117,16 @@ def refit_sliced_linears(
             seen = _widths_per_config(model, linears, subnets, batches[0])
             targets = _layers_to_refit(linears, seen, subnets, weights)
             grams, rows = _input_grams(model, linears, targets, state.max_config, batches)
+            widest = max((linears[name].in_features for name in targets), default=0)
+            if rows < _ROWS_PER_FEATURE * widest:
+                warnings.warn(
+                    f"refit_sliced_linears: {rows} sample tokens for layers of up to {widest} inputs; with fewer than "
+                    f"{_ROWS_PER_FEATURE} per input the fit follows the samples and can damage the full model "
+                    "(SmolLM2: 2,048 tokens at ridge=1e-3 raised its held-out perplexity 2.4x). Give more batches, "
+                    "or raise ridge (0.1 there).",
+                    UserWarning,
+                    stacklevel=2,
+                )
             result = {}
             for name, uses in targets.items():
                 result[name] = _solve(linears[name], grams[name], uses, ridge)

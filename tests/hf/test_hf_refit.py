@@ -12,6 +12,9 @@ import subnetact
 from subnetact.errors import ArgumentTypeError, ConfigError, InvalidSubnetError, NotConvertedError
 from subnetact.train import refit_sliced_linears
 
+# These tiny samples (about 2 tokens per input feature) draw the small-sample warning; it is tested on SmolLM2.
+pytestmark = pytest.mark.filterwarnings("ignore:refit_sliced_linears:UserWarning")
+
 NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 FFN_DOWN = "encoder.layer.1.output.dense"
 ATTN_OUT = "encoder.layer.1.attention.output.dense"
