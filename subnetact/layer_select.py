@@ -64,9 +64,8 @@ def check_keep_order(order: tuple[int, ...], num_layers: int) -> None:
 def is_rule(rule: object) -> bool:
     """A named rule of :data:`RULES` or a keep order (a tuple of ints)."""
     if isinstance(rule, tuple):
-        return all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in rule) and len(set(rule)) == len(
-            rule
-        )
+        indices = all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in rule)
+        return indices and len(set(rule)) == len(rule)
     return rule in RULES
 
 

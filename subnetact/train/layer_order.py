@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import ConfigError
-from ..layer_select import _StageSelect
+from ..layer_select import LayerSelect, LayerSelectList
 from ..state import state_of
 from .evaluate import HIGHER_IS_BETTER, subnet_metric
 
@@ -62,7 +62,7 @@ def order_layers(
             the metric / teacher / batches are refused by :func:`subnetact.train.subnet_metric`. Nothing changes.
     """
     state = state_of(model)
-    stages = [op for op in state.ops if isinstance(op, _StageSelect) and op.segments]
+    stages = [op for op in state.ops if isinstance(op, (LayerSelect, LayerSelectList)) and op.segments]
     if len(stages) != 1 or len(stages[0].segments) != 1:
         raise ConfigError(
             f"model has {len(stages)} elastic stage(s){'' if len(stages) != 1 else ' in several segments'}: "
