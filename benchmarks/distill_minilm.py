@@ -172,9 +172,10 @@ def main() -> None:
     train_batches = [
         encode([train_sents[j] for j in order[i : i + bs]], train_len) for i in range(0, len(order) - bs + 1, bs)
     ]
+    random.Random(args.seed + 2).shuffle(train_batches)
+    sample_batches = train_batches  # inputs only: for the layer order and the refit
     if args.loss == "layers":
         train_batches = [{**b, "output_hidden_states": True} for b in train_batches]
-    random.Random(args.seed + 2).shuffle(train_batches)
     held_batches = [encode(held_sents[i : i + 64]) for i in range(0, len(held_sents), 64)]
 
     import copy
@@ -213,8 +214,7 @@ def main() -> None:
     )
     reordered = refitted = refit = ordered = layer_order = None
     if args.depth_rule == "measured":
-        plain = [{k: b[k] for k in ("input_ids", "attention_mask")} for b in train_batches[: args.order_batches]]
-        layer_order = order_layers(model, plain, metric="cosine", teacher=original)
+        layer_order = order_layers(model, sample_batches[: args.order_batches], metric="cosine", teacher=original)
         ordered = budget.uncharged(table)
         print(
             f"layer order {layer_order.order} ({budget.spent() / 60:.2f} CPU-min so far): "
@@ -226,8 +226,7 @@ def main() -> None:
         reordered = budget.uncharged(table)
         print("reordered:      " + "  ".join(f"{n}: {v:.4f}" for n, v in zip(names, reordered)), flush=True)
     if args.refit_batches:
-        plain = [{k: b[k] for k in ("input_ids", "attention_mask")} for b in train_batches[: args.refit_batches]]
-        refit = refit_sliced_linears(model, trained_subnets, plain, weights=weights)
+        refit = refit_sliced_linears(model, trained_subnets, sample_batches[: args.refit_batches], weights=weights)
         refitted = budget.uncharged(table)
         print(
             f"refit ({refit.rows} tokens, {len(refit.layers)} layers, {budget.spent() / 60:.2f} CPU-min so far): "

@@ -90,7 +90,7 @@ def order_layers(
     kept, dropped = list(range(num_layers)), []  # dropped: least important first
     scores: dict[int, float] = {}
     try:
-        while len(kept) - 1 >= min(depth_choices) and len(kept) - 1 in depth_choices:
+        while len(kept) - 1 in depth_choices:  # the choices run from the smallest depth up
             best = None
             for candidate in kept:
                 rest = [i for i in kept if i != candidate]

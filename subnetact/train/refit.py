@@ -25,19 +25,20 @@ full model's. Too few samples (under about 10 tokens per input feature) make the
 
 from __future__ import annotations
 
-import math
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..checks import is_real
 from ..config import SubnetConfig
 from ..errors import ArgumentTypeError, ConfigError
 from ..state import state_of
 from .distill import call
+from .losses import token_mask
 
 _ROWS_PER_FEATURE = 4  # fewer sample tokens than this per input feature: warn (measured on SmolLM2, see below)
 
@@ -115,7 +116,7 @@ def refit_sliced_linears(
         with torch.no_grad():
             # Which input (and output) width each config uses at each linear layer: one forward per config.
             seen = _widths_per_config(model, linears, subnets, batches[0])
-            targets = _layers_to_refit(linears, seen, subnets, weights)
+            targets = _layers_to_refit(linears, seen, weights)
             grams, rows = _input_grams(model, linears, targets, state.max_config, batches)
             widest = max((linears[name].in_features for name in targets), default=0)
             if rows < _ROWS_PER_FEATURE * widest:
@@ -149,11 +150,11 @@ def _check(state, subnets, weights, ridge) -> list[SubnetConfig]:
         if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence) or len(weights) != len(configs):
             raise ConfigError(f"weights={weights!r} must be a sequence of {len(configs)} numbers, one per subnet")
         for w in weights:
-            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0:
+            if not is_real(w, finite=True) or w < 0:
                 raise ConfigError(f"weights={list(weights)!r}: each must be a finite number >= 0")
         if sum(weights) == 0:
             raise ConfigError(f"weights={list(weights)!r}: at least one must be > 0")
-    if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not math.isfinite(ridge) or ridge < 0:
+    if not is_real(ridge, finite=True) or ridge < 0:
         raise ConfigError(f"ridge={ridge!r} must be a finite number >= 0")
     return configs
 
@@ -172,16 +173,16 @@ def _widths_per_config(model, linears, subnets, batch) -> list[dict[str, tuple[i
     seen = []
     try:
         for cfg in subnets:
-            current = {}
+            current.clear()
             call(model, batch, cfg)
-            seen.append(current)
+            seen.append(dict(current))
     finally:
         for h in handles:
             h.remove()
     return seen
 
 
-def _layers_to_refit(linears, seen, subnets, weights) -> dict[str, list[tuple[int, int, float]]]:
+def _layers_to_refit(linears, seen, weights) -> dict[str, list[tuple[int, int, float]]]:
     """{name: [(input width, output width, weight) per config that runs it]} for the layers some config slices."""
     targets = {}
     for name, m in linears.items():
@@ -198,20 +199,19 @@ def _input_grams(model, linears, targets, largest, batches) -> tuple[dict[str, t
         name: torch.zeros(linears[name].in_features + 1, linears[name].in_features + 1, dtype=torch.float64)
         for name in targets
     }
-    mask: list[torch.Tensor | None] = [None]
+    current: list[Any] = [None]  # the batch being run
     rows = [0]
 
     def hook(name, first):
         def record(module, args):
             x = args[0].detach()
-            keep = mask[0]
-            if keep is not None and x.dim() == 3 and keep.shape == x.shape[:2]:
-                x = x[keep]
+            mask = token_mask(current[0], x.shape) if x.dim() == 3 else None
+            if mask is not None:
+                x = x[mask.bool()]
             x = x.reshape(-1, x.shape[-1]).float()
             x = torch.cat([x, x.new_ones(x.shape[0], 1)], dim=1)
-            grams[name].add_(
-                (x.T @ x).double().cpu()
-            )  # a float32 product per batch is accurate enough; the sum is not
+            # A float32 product per batch is accurate enough; the sum over batches is not.
+            grams[name].add_((x.T @ x).double().cpu())
             if first:
                 rows[0] += x.shape[0]
 
@@ -220,8 +220,7 @@ def _input_grams(model, linears, targets, largest, batches) -> tuple[dict[str, t
     handles = [linears[name].register_forward_pre_hook(hook(name, i == 0)) for i, name in enumerate(targets)]
     try:
         for batch in batches:
-            m = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-            mask[0] = m.bool() if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+            current[0] = batch
             call(model, batch, largest)
     finally:
         for h in handles:
