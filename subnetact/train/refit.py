@@ -18,8 +18,8 @@ The solution needs only the input Gram matrix ``E[a a^T]`` of each layer (``W0``
 one pass over the batches and one ``(n+1) x (n+1)`` solve per layer do it. The largest subnet's weight decides how
 much it may give up for the others; with lam = 0 for it, it is not protected at all.
 
-Measured on the real SmolLM2-135M (FFN 0.75 and 0.5, weights 4, 1 and 1, 32 batches of 512 tokens, 1.9 CPU-minutes;
-``docs/benchmarks.md``): before any training, held-out perplexity 25.3 -> 21.8 and 58.4 -> 33.7, for 1.2 % on the
+Measured on the real SmolLM2-135M (FFN 0.75 and 0.5, weights 4, 1 and 2, 32 batches of 512 tokens, 2.1 CPU-minutes;
+``docs/benchmarks.md``): before any training, held-out perplexity 25.3 -> 22.0 and 58.4 -> 31.8, for 2.5 % on the
 full model's. Too few samples (under about 10 tokens per input feature) make the fit follow them: raise ``ridge``.
 """
 
@@ -122,9 +122,8 @@ def refit_sliced_linears(
             if rows < _ROWS_PER_FEATURE * widest:
                 warnings.warn(
                     f"refit_sliced_linears: {rows} sample tokens for layers of up to {widest} inputs; with fewer than "
-                    f"{_ROWS_PER_FEATURE} per input the fit follows the samples and can damage the full model "
-                    "(SmolLM2: 2,048 tokens at ridge=1e-3 raised its held-out perplexity 2.4x). Give more batches, "
-                    "or raise ridge (0.1 there).",
+                    f"{_ROWS_PER_FEATURE} per input the fit follows the samples and can damage the full model badly. "
+                    "Give more batches, or raise ridge (0.1 for SmolLM2 with 2,048 tokens).",
                     UserWarning,
                     stacklevel=2,
                 )
