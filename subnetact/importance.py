@@ -74,7 +74,7 @@ def reorder_channels(model: nn.Module) -> list[torch.Tensor]:
                 unit = math.lcm(unit, m.num_channels // m.num_groups)
         importance = torch.zeros(group.full, dtype=torch.float64)
         for m in consumers[g]:
-            w = m.weight.detach().abs().double()  # (out, in, ...) or (out, in)
+            w = m.weight.detach().abs().double().cpu()  # (out, in, ...) or (out, in); the order is built on the CPU
             importance += w.sum(dim=[d for d in range(w.dim()) if d != 1])
         if unit > 1:  # whole groups of a grouped convolution
             order = torch.argsort(importance.view(-1, unit).sum(1), descending=True, stable=True)

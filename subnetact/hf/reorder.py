@@ -112,7 +112,9 @@ def reorder(
         else:
             head_scores, ffn_scores = _taylor(model, family, parts, batches, loss_fn)
 
-    # Phase 2: permute (everything above only read the model).
+    # Phase 2: permute (everything above only read the model). Orders are computed on the CPU (the scores of a
+    # model on a GPU are GPU tensors) and moved to each weight's device where they index it.
+    head_scores, ffn_scores = [s.cpu() for s in head_scores], [s.cpu() for s in ffn_scores]
     head_order = [torch.argsort(s, descending=True, stable=True) for s in head_scores]
     if family.per_head_bias is not None:  # the bias columns are the heads too; heads are not elastic, so stay put
         head_order = [torch.arange(len(s)) for s in head_scores]
@@ -134,7 +136,7 @@ def reorder(
     state = converted_state(model)
     if state is not None:
         state.invalidate()
-    return ReorderResult(head_order, ffn_order, [s.cpu() for s in head_scores], [s.cpu() for s in ffn_scores])
+    return ReorderResult(head_order, ffn_order, head_scores, ffn_scores)
 
 
 def _permute(t: torch.Tensor, dim: int, index: torch.Tensor) -> None:
