@@ -101,13 +101,32 @@ def stdlib_docstrings(heldout_percent: int) -> tuple[Iterator[tuple[bool, str]],
                 continue
             source["files"] += 1
             held = int(hashlib.sha256(rel.encode()).hexdigest(), 16) % 100 < heldout_percent
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                    doc = ast.get_docstring(node)
-                    if doc:
-                        yield held, doc
+            for doc in tree_docstrings(tree):
+                yield held, doc
 
     return walk(), source
+
+
+def tree_docstrings(tree: ast.AST) -> Iterator[str]:
+    """The docstrings of a parsed file's module, classes and functions."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node)
+            if doc:
+                yield doc
+
+
+def python_docstrings(root: Path) -> Iterator[str]:
+    """The docstrings of the ``.py`` files under ``root`` (a package's directory), in path order; files parsed with
+    ``ast``, never imported; tests (a path component starting with ``test``) left out."""
+    for path in sorted(root.rglob("*.py")):
+        if "/test" in "/" + path.relative_to(root).as_posix():
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        yield from tree_docstrings(tree)
 
 
 class CpuBudget:

@@ -31,6 +31,7 @@ import re
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -52,6 +53,23 @@ def model_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
+def docstring_sentences(doc: str) -> Iterator[str]:
+    """The English sentences of one docstring: 6-40 words ending in ".", mostly letters; doctests, tables and
+    lists left out."""
+    for paragraph in re.split(r"\n\s*\n", doc):
+        lines = paragraph.strip().splitlines()
+        if not lines or any(line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines):
+            continue  # doctests, tables, bullet lists, field lists
+        text = " ".join(line.strip() for line in lines)
+        for sentence in SENTENCE_END.split(text):
+            words = sentence.split()
+            if not 6 <= len(words) <= 40 or not sentence.endswith("."):
+                continue
+            if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
+                continue  # mostly code or symbols
+            yield sentence
+
+
 def stdlib_sentences(heldout_percent: int) -> tuple[list[str], list[str], dict]:
     """(train, held-out) English sentences from the standard library's docstrings, split by file."""
     train, held = [], []
@@ -59,19 +77,8 @@ def stdlib_sentences(heldout_percent: int) -> tuple[list[str], list[str], dict]:
     docstrings, source = stdlib_docstrings(heldout_percent)
     for is_held, doc in docstrings:
         bucket = held if is_held else train
-        for paragraph in re.split(r"\n\s*\n", doc):
-            lines = paragraph.strip().splitlines()
-            if not lines or any(line.lstrip().startswith((">>>", "...", "$", "|", "-", "*", ":")) for line in lines):
-                continue  # doctests, tables, bullet lists, field lists
-            text = " ".join(line.strip() for line in lines)
-            for sentence in SENTENCE_END.split(text):
-                words = sentence.split()
-                if not 6 <= len(words) <= 40 or not sentence.endswith("."):
-                    continue
-                if sum(len(w) for w in WORD.findall(sentence)) < 0.75 * len(sentence.replace(" ", "")):
-                    continue  # mostly code or symbols
-                if sentence in seen:
-                    continue
+        for sentence in docstring_sentences(doc):
+            if sentence not in seen:
                 seen.add(sentence)
                 bucket.append(sentence)
     source["split"] += "; sentences deduplicated"
