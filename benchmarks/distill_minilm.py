@@ -53,6 +53,16 @@ def model_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
+def served_subnets(space: subnetact.Space) -> list[subnetact.SubnetConfig]:
+    """The served set measured: the full model, 4 layers @ 0.75, 3 layers @ 0.5 (the issue's three) and 2 @ 0.5."""
+    return [
+        space.make(depth=6, width=1.0),
+        space.make(depth=4, width=0.75),
+        space.make(depth=3, width=0.5),
+        space.make(depth=2, width=0.5),
+    ]
+
+
 def docstring_sentences(doc: str) -> Iterator[str]:
     """The English sentences of one docstring: 6-40 words ending in ".", mostly letters; doctests, tables and
     lists left out."""
@@ -191,12 +201,7 @@ def main() -> None:
     rule = "spread" if args.depth_rule == "measured" else args.depth_rule
     subnetact.convert(model, subnetact.ConvertConfig(depth_rule=rule))
     space = model.space
-    served = [
-        space.make(depth=6, width=1.0),
-        space.make(depth=4, width=0.75),
-        space.make(depth=3, width=0.5),
-        space.make(depth=2, width=0.5),
-    ]
+    served = served_subnets(space)
     names = ["6 layers @ 1.0", "4 layers @ 0.75", "3 layers @ 0.5", "2 layers @ 0.5"]
     if not 1 <= args.train_subnets <= len(served):  # before any training time is spent
         parser.error(f"--train-subnets={args.train_subnets} must be 1 to {len(served)}")

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 
 import torch
-from distill_minilm import docstring_sentences, model_dir, stdlib_sentences
+from distill_minilm import docstring_sentences, model_dir, served_subnets, stdlib_sentences
 
 import subnetact
 from subnetact.train import Fixed, distill, evaluate, order_layers, refit_sliced_linears
@@ -235,13 +235,7 @@ def run_one(spec: dict, base, original, data: dict, held: list[dict]) -> dict:
     torch.manual_seed(0)
     model = copy.deepcopy(base)
     subnetact.convert(model, subnetact.ConvertConfig(depth_rule="spread"))
-    space = model.space
-    served = [
-        space.make(depth=6, width=1.0),
-        space.make(depth=4, width=0.75),
-        space.make(depth=3, width=0.5),
-        space.make(depth=2, width=0.5),
-    ]
+    served = served_subnets(model.space)
     sample = data["train32"]  # the layer order, reordering and the refit use distill_minilm.py's batches
     order_layers(model, sample[:4], metric="cosine", teacher=original)
     subnetact.reorder(model, sample[:8], score="activation")
@@ -309,8 +303,7 @@ def step_cost(bundle: Path, specs: list[dict], steps: int, threads: int, out: Pa
     model = transformers.BertModel(config, add_pooling_layer=False)
     model.load_state_dict({k: v.float() for k, v in load_file(bundle / "model16.safetensors").items()}, strict=False)
     subnetact.convert(model.eval(), subnetact.ConvertConfig(depth_rule="spread"))
-    space = model.space
-    trained = (space.make(depth=6, width=1.0), space.make(depth=4, width=0.75), space.make(depth=3, width=0.5))
+    trained = tuple(served_subnets(model.space)[:3])
     costs: dict[str, list[float]] = {}
     for _ in range(2):
         for spec in specs:
