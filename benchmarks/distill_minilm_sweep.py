@@ -50,9 +50,12 @@ from _common import python_docstrings
 #: bs: 16 or 32 [32]; warmup [30]; data: "train" (the stdlib sentences) or "big" [train]; subnet_ln: per-subnet
 #: LayerNorm affine parameters for the smaller served subnets [false]; tok: weight of a per-token loss on the last
 #: hidden state, added to 1 - pooled cosine [0]; tok_kind: "cos" or "mse" [cos]; full_every: train the full model
-#: every k-th step only, its weight times k [1]; eval_at: steps with a held-out table [].
+#: every k-th step only, its weight times k [1]; eval_at: steps with a held-out table []; teacher: "original" (the
+#: pretrained model) or "refit" (a frozen copy of the reordered and refit model, what ``distill(teacher="original")``
+#: copies when called after the refit; the recorded runs' teacher) [original].
 SPEC_KEYS = (
     "name", "fw", "lr", "steps", "bs", "warmup", "data", "subnet_ln", "tok", "tok_kind", "full_every", "eval_at",
+    "teacher",
 )  # fmt: skip
 EXTRA_PACKAGES = ("numpy", "torch", "transformers")
 
@@ -271,6 +274,7 @@ def run_one(spec: dict, base, original, data: dict, held: list[dict]) -> dict:
         data[f"{spec.get('data', 'train')}{spec.get('bs', 32)}"],
         optimizer,
         steps=steps,
+        teacher={"original": original, "refit": "original"}[spec.get("teacher", "original")],
         loss=token_loss(spec["tok"], spec.get("tok_kind", "cos")) if spec.get("tok") else "embedding",
         schedule=schedule,
         reorder=False,  # done above, as distill_minilm.py does

@@ -44,10 +44,12 @@ from .._progress import Progress
 from ..config import SubnetConfig
 from ..errors import ArgumentTypeError, ConfigError, UncalibratedSubnetWarning
 from ..supernet import state_of
+from .batches import call
 from .checkpoint import TrainerState, load_checkpoint, save_checkpoint
 from .losses import DistillLoss, describe, resolve_loss
+from .refit import RefitResult, refit_sliced_linears
 from .sandwich import StepResult
-from .schedules import Sandwich, Schedule
+from .schedules import Fixed, Sandwich, Schedule
 
 TEACHERS = ("original", "inplace")
 
@@ -60,12 +62,14 @@ class DistillResult:
         steps: the number of optimiser steps taken (this call; a resumed run counts from its checkpoint's step).
         history: one :class:`StepResult` per step of this call: the subnets trained and each one's loss.
         reordered: whether importance reordering ran before training.
+        refit: what the least-squares refit before training did (``refit_batches``), or None.
         teacher: the teacher used (the frozen copy, the model itself for ``"inplace"``, or the module given).
     """
 
     steps: int
     history: list[StepResult] = field(default_factory=list)
     reordered: bool = False
+    refit: RefitResult | None = None
     teacher: nn.Module | None = None
 
     def loss_by_subnet(self, last: int | None = None) -> dict[SubnetConfig, float]:
@@ -90,6 +94,7 @@ def distill(
     schedule: Schedule | None = None,
     reorder: bool = True,
     reorder_batches: int = 8,
+    refit_batches: int = 0,
     lr_scheduler: Any = None,
     max_grad_norm: float | None = None,
     seed: int = 0,
@@ -117,6 +122,11 @@ def distill(
         schedule: which subnets each step trains; default :class:`~subnetact.train.Sandwich` ``(num_random=2)``.
         reorder: sort heads/neurons/channels by importance first (skipped when resuming: the checkpoint is sorted).
         reorder_batches: how many of the first batches the activation score of a transformer is measured on.
+        refit_batches: with N > 0, after reordering and before the first step, refit the width-sliced linear layers
+            by least squares on the first N batches (:func:`~subnetact.train.refit_sliced_linears`, for the
+            schedule's subnets with its weights; a :class:`~subnetact.train.Fixed` schedule only, since the refit
+            fits a known served set). Give 10 or more tokens per input feature of the widest sliced layer. Skipped
+            when resuming (the checkpoint holds the refit weights).
         lr_scheduler: its ``step()`` runs after every optimiser step (and is checkpointed).
         max_grad_norm: clip the averaged gradient to this norm (None: no clipping).
         seed: seeds the subnet sampler (the same on every rank).
@@ -153,8 +163,9 @@ def distill(
     space = state.space
     schedule = Sandwich() if schedule is None else schedule
     _check_arguments(
-        batches, optimizer, steps, epochs, teacher, temperature, schedule, reorder_batches, checkpoint_every, seed
-    )
+        batches, optimizer, steps, epochs, teacher, temperature, schedule, reorder_batches, checkpoint_every, seed,
+        refit_batches,
+    )  # fmt: skip
     schedule.check(space)
     first_iterable = batches(0) if callable(batches) else batches
     first = next(iter(first_iterable), _EMPTY)
@@ -187,22 +198,28 @@ def distill(
         _broadcast_parameters(model)
     sampler = random.Random(seed)
     trainer = TrainerState(0, sampler, optimizer, teacher_module if teacher == "original" else None, lr_scheduler)
-    reordered = False
+    reordered, refit = False, None
     if state.stats:
         state.stats.clear()  # statistics of the old weights (and reorder_channels refuses to move registered ones)
         state.invalidate()
     if resume is not None:
         load_checkpoint(resume, model, trainer)
-    elif reorder:
-        _reorder(model, batches, reorder_batches, rank, world)
-        reordered = True
+    else:
+        if reorder:
+            _reorder(model, batches, reorder_batches, rank, world)
+            reordered = True
+        if refit_batches:  # every rank fits on the same global batches, so the weights stay equal
+            sample = list(itertools.islice(iter(batches(0) if callable(batches) else batches), refit_batches))
+            refit = refit_sliced_linears(model, schedule.resolved(space), sample, weights=schedule.weights)
 
     device = next(model.parameters()).device
     scaler = None
     if autocast_dtype == torch.float16 and device.type == "cuda":
         scaler = torch.amp.GradScaler("cuda")
     bar = Progress(total - trainer.step, "distill", enabled=(progress if rank == 0 else False))
-    result = DistillResult(0, reordered=reordered, teacher=teacher_module if teacher_module is not None else model)
+    result = DistillResult(
+        0, reordered=reordered, refit=refit, teacher=teacher_module if teacher_module is not None else model
+    )
     skip = trainer.step  # batches consumed before the checkpoint
     params = [p for p in model.parameters() if p.requires_grad]
     try:
@@ -236,8 +253,9 @@ _EMPTY = object()
 
 
 def _check_arguments(
-    batches, optimizer, steps, epochs, teacher, temperature, schedule, reorder_batches, checkpoint_every, seed
-) -> None:
+    batches, optimizer, steps, epochs, teacher, temperature, schedule, reorder_batches, checkpoint_every, seed,
+    refit_batches,
+) -> None:  # fmt: skip
     if not callable(batches):
         if not isinstance(batches, Iterable):
             raise ConfigError(f"batches={batches!r} must be a re-iterable of inputs or a function epoch -> iterable")
@@ -266,6 +284,13 @@ def _check_arguments(
         )
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ConfigError(f"seed={seed!r} must be an int")
+    if isinstance(refit_batches, bool) or not isinstance(refit_batches, int) or refit_batches < 0:
+        raise ConfigError(f"refit_batches={refit_batches!r} must be an int >= 0")
+    if refit_batches and not isinstance(schedule, Fixed):
+        raise ConfigError(
+            f"refit_batches={refit_batches} needs a Fixed schedule (the served subnets the refit fits), got "
+            f"schedule={type(schedule).__name__}; or call refit_sliced_linears before distill"
+        )
 
 
 def _total_steps(batches, steps: int | None, epochs: int) -> int:
@@ -310,17 +335,6 @@ def _rows(batch: Any) -> int | None:
         return batch.shape[0] if batch.dim() else None
     values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
     return next((n for n in (_rows(v) for v in values) if n is not None), None)
-
-
-def call(model: nn.Module, batch: Any, subnet: SubnetConfig | None = None) -> Any:
-    """``model(batch)``: a dict as keyword arguments, a tuple/list as positional ones, anything else as the one
-    input; ``subnet=`` is passed only when given."""
-    extra = {} if subnet is None else {"subnet": subnet}
-    if isinstance(batch, Mapping):
-        return model(**batch, **extra)
-    if isinstance(batch, (tuple, list)):
-        return model(*batch, **extra)
-    return model(batch, **extra)
 
 
 def _teacher_outputs(model, teacher_module, batch, largest, *, train_mode: bool) -> Any:

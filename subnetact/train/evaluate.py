@@ -26,7 +26,7 @@ from torch import nn
 
 from ..config import SubnetConfig
 from ..errors import ConfigError
-from .distill import call
+from .batches import call
 from .losses import describe, hidden_of, kl_loss, logits_of, mean_pool, token_mask
 
 METRICS = ("cosine", "agreement", "accuracy", "kl", "perplexity")

@@ -37,7 +37,7 @@ from ..checks import is_real
 from ..config import SubnetConfig
 from ..errors import ArgumentTypeError, ConfigError
 from ..state import state_of
-from .distill import call
+from .batches import call
 from .losses import token_mask
 
 _ROWS_PER_FEATURE = 4  # fewer sample tokens than this per input feature: warn (measured on SmolLM2, see below)

@@ -98,13 +98,14 @@ class Fixed(Schedule):
 
     def check(self, space: Space) -> None:
         super().check(space)
-        self._resolved(space)
+        self.resolved(space)
 
-    def _resolved(self, space: Space) -> list[SubnetConfig]:
+    def resolved(self, space: Space) -> list[SubnetConfig]:
+        """The configs as configs of ``space`` (keyword dicts made, values snapped), in order."""
         return [space.validate(c) if isinstance(c, SubnetConfig) else space.make(**dict(c)) for c in self.configs]
 
     def subnets(self, space: Space, step: int, total_steps: int, rng: random.Random) -> list[SubnetConfig]:
-        return self._resolved(space)
+        return self.resolved(space)
 
     def loss_weights(self, subnets: list[SubnetConfig]) -> list[float]:
         return list(self.weights) if self.weights is not None else [1.0] * len(subnets)

@@ -3,6 +3,8 @@ stacked, weighted prefix systems), on a tiny BERT; untouched layers; bad input l
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from hf_models import bert, ffn_for, heads_for, inputs
 
 import subnetact
 from subnetact.errors import ArgumentTypeError, ConfigError, InvalidSubnetError, NotConvertedError
-from subnetact.train import refit_sliced_linears
+from subnetact.train import Fixed, Sandwich, distill, refit_sliced_linears
 
 # These tiny samples (about 2 tokens per input feature) draw the small-sample warning; it is tested on SmolLM2.
 pytestmark = pytest.mark.filterwarnings("ignore:refit_sliced_linears:UserWarning")
@@ -154,3 +156,58 @@ def test_bad_input_is_refused_and_the_model_is_unchanged():
             assert torch.equal(v, state[k]), (kwargs, k)
     with pytest.raises(NotConvertedError):
         refit_sliced_linears(bert(head=False), subnets, batches)
+
+
+def test_distill_refit_batches_is_reorder_then_refit_then_training(tmp_path):
+    # The reference is the recipe written out: reorder, refit on the first batches, then distill without reordering
+    # from the model as it was before both (distill's frozen copy is taken before it reorders and refits).
+    model, subnets, batches = setup()
+    manual = copy.deepcopy(model)
+    teacher = copy.deepcopy(model)
+    weights = (4.0, 1.0, 2.0)
+    result = distill(
+        model, batches, torch.optim.SGD(model.parameters(), lr=0.05), steps=2,
+        schedule=Fixed(subnets, weights=weights), reorder_batches=2, refit_batches=3, seed=1,
+    )  # fmt: skip
+    subnetact.reorder(manual, batches[:2], score="activation")
+    reordered_only = copy.deepcopy(manual.state_dict())
+    want = refit_sliced_linears(manual, subnets, batches[:3], weights=weights)
+    distill(
+        manual, batches, torch.optim.SGD(manual.parameters(), lr=0.05), steps=2,
+        schedule=Fixed(subnets, weights=weights), reorder=False, teacher=teacher, seed=1,
+    )  # fmt: skip
+    assert result.refit is not None and result.refit.layers.keys() == want.layers.keys() and want.layers
+    assert result.refit.rows == want.rows
+    for name, value in manual.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
+    assert not torch.equal(reordered_only[FFN_DOWN + ".weight"], manual.state_dict()[FFN_DOWN + ".weight"])
+
+    # Resuming does not refit again: the checkpoint holds the refit weights.
+    straight, _, _ = setup()
+    run = dict(schedule=Fixed(subnets, weights=weights), reorder_batches=2, refit_batches=3, seed=1)
+    distill(straight, batches, torch.optim.SGD(straight.parameters(), lr=0.05), steps=3, **run)
+    first, _, _ = setup()
+    distill(first, batches, torch.optim.SGD(first.parameters(), lr=0.05), steps=2, checkpoint_dir=tmp_path, **run)
+    resumed, _, _ = setup()
+    opt = torch.optim.SGD(resumed.parameters(), lr=0.05)
+    distill(resumed, batches, opt, steps=3, resume=tmp_path, **run)
+    for name, value in straight.state_dict().items():
+        torch.testing.assert_close(resumed.state_dict()[name], value, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"refit_batches": -1}, "refit_batches=-1 must be an int >= 0"),
+        ({"refit_batches": True}, "refit_batches=True must be an int >= 0"),
+        ({"refit_batches": 2, "schedule": Sandwich()}, "refit_batches=2 needs a Fixed schedule"),
+    ],
+)
+def test_distill_refuses_bad_refit_batches_before_changing_anything(kwargs, match):
+    model, subnets, batches = setup()
+    before = copy.deepcopy(model.state_dict())
+    kwargs = {"schedule": Fixed(subnets), **kwargs}
+    with pytest.raises(ConfigError, match=match):
+        distill(model, batches, torch.optim.SGD(model.parameters(), lr=0.1), steps=1, **kwargs)
+    for name, value in before.items():
+        assert torch.equal(model.state_dict()[name], value)
