@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib
 import importlib.util
 import json
 import random
@@ -201,27 +200,54 @@ def token_loss(weight: float, kind: str):
     return loss
 
 
-def run(bundle: Path, specs: list[dict], out: Path | None) -> None:
+def bundle_model(bundle: Path) -> torch.nn.Module:
+    """The bundle's BertModel in fp32, dropout off, in eval mode, on the CPU."""
     import transformers
     from safetensors.torch import load_file
 
+    config = transformers.BertConfig.from_pretrained(bundle)
+    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
+    model = transformers.BertModel(config, add_pooling_layer=False)
+    model.load_state_dict({k: v.float() for k, v in load_file(bundle / "model16.safetensors").items()}, strict=False)
+    return model.eval()
+
+
+def check_specs(specs: list[dict]) -> None:
+    for spec in specs:
+        unknown = set(spec) - set(SPEC_KEYS)
+        if unknown:
+            sys.exit(f"spec {spec}: unknown keys {sorted(unknown)}; allowed: {SPEC_KEYS}")
+
+
+def batches_key(spec: dict) -> str:
+    """The spec's training batches in the bundle: ``train32``, ``big16``, ..."""
+    return f"{spec.get('data', 'train')}{spec.get('bs', 32)}"
+
+
+def loss_weights(spec: dict) -> tuple[float, float, float]:
+    """The full model's, 4 layers @ 0.75's and 3 layers @ 0.5's loss weights (the refit's too)."""
+    return (float(spec.get("fw", 4.0)), 1.0, 1.0)
+
+
+def schedule_of(spec: dict, trained: list) -> Fixed | FullEvery:
+    weights = loss_weights(spec)
+    if spec.get("full_every"):
+        return FullEvery(trained, weights[0], spec["full_every"])
+    return Fixed(tuple(trained), weights=weights)
+
+
+def run(bundle: Path, specs: list[dict], out: Path | None) -> None:
+    check_specs(specs)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     packed = torch.load(bundle / "packed.pt")
     data = {k: unpack(*v, device) for k, v in packed.items()}
     held = data.pop("held")
-    config = transformers.BertConfig.from_pretrained(bundle)
-    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
-    base = transformers.BertModel(config, add_pooling_layer=False)
-    base.load_state_dict({k: v.float() for k, v in load_file(bundle / "model16.safetensors").items()}, strict=False)
-    base.eval().to(device)
+    base = bundle_model(bundle).to(device)
     original = copy.deepcopy(base).requires_grad_(False)
     results = []
     for spec in specs:
-        unknown = set(spec) - set(SPEC_KEYS)
-        if unknown:
-            sys.exit(f"spec {spec}: unknown keys {sorted(unknown)}; allowed: {SPEC_KEYS}")
         results.append(run_one(spec, base, original, data, held))
         print(json.dumps(results[-1]), flush=True)
         if out is not None:  # after every variant: a run cut short keeps what it finished
@@ -243,8 +269,7 @@ def run_one(spec: dict, base, original, data: dict, held: list[dict]) -> dict:
     order_layers(model, sample[:4], metric="cosine", teacher=original)
     subnetact.reorder(model, sample[:8], score="activation")
     trained = served[:3]
-    weights = (float(spec.get("fw", 4.0)), 1.0, 1.0)
-    refit_sliced_linears(model, trained, sample[:32], weights=weights)
+    refit_sliced_linears(model, trained, sample[:32], weights=loss_weights(spec))
 
     def table() -> list[float]:
         scores = evaluate(model, served, held, metric="cosine", teacher=original)
@@ -258,10 +283,6 @@ def run_one(spec: dict, base, original, data: dict, held: list[dict]) -> dict:
     lr_schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1.0 - s / steps)
     )
-    if spec.get("full_every"):
-        schedule = FullEvery(trained, weights[0], spec["full_every"])
-    else:
-        schedule = Fixed(tuple(trained), weights=weights)
     curve, eval_at = [], set(spec.get("eval_at", []))
 
     def on_step(step, result):
@@ -271,12 +292,12 @@ def run_one(spec: dict, base, original, data: dict, held: list[dict]) -> dict:
 
     result = distill(
         model,
-        data[f"{spec.get('data', 'train')}{spec.get('bs', 32)}"],
+        data[batches_key(spec)],
         optimizer,
         steps=steps,
         teacher={"original": original, "refit": "original"}[spec.get("teacher", "original")],
         loss=token_loss(spec["tok"], spec.get("tok_kind", "cos")) if spec.get("tok") else "embedding",
-        schedule=schedule,
+        schedule=schedule_of(spec, trained),
         reorder=False,  # done above, as distill_minilm.py does
         lr_scheduler=lr_schedule,
         seed=0,
@@ -297,28 +318,19 @@ def step_cost(bundle: Path, specs: list[dict], steps: int, threads: int, out: Pa
     """CPU seconds per training step of each spec's batches and schedule (process time, ``threads`` threads),
     over its first ``steps`` batches, twice, alternating: how many steps 20 CPU-minutes buy. No reordering or refit
     (they do not change a step's cost)."""
-    import transformers
-    from safetensors.torch import load_file
-
+    check_specs(specs)
     torch.set_num_threads(threads)
     packed = torch.load(bundle / "packed.pt")
-    config = transformers.BertConfig.from_pretrained(bundle)
-    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
-    model = transformers.BertModel(config, add_pooling_layer=False)
-    model.load_state_dict({k: v.float() for k, v in load_file(bundle / "model16.safetensors").items()}, strict=False)
-    subnetact.convert(model.eval(), subnetact.ConvertConfig(depth_rule="spread"))
-    trained = tuple(served_subnets(model.space)[:3])
+    model = subnetact.convert(bundle_model(bundle), subnetact.ConvertConfig(depth_rule="spread"))
+    trained = served_subnets(model.space)[:3]
     costs: dict[str, list[float]] = {}
     for _ in range(2):
         for spec in specs:
-            key = f"{spec.get('data', 'train')}{spec.get('bs', 32)}"
-            batches = unpack(*packed[key], "cpu")[:steps]
-            weights = (float(spec.get("fw", 4.0)), 1.0, 1.0)
-            full_every = spec.get("full_every")
-            schedule = FullEvery(trained, weights[0], full_every) if full_every else Fixed(trained, weights=weights)
+            batches = unpack(*packed[batches_key(spec)], "cpu")[:steps]
             m = copy.deepcopy(model)
             optimizer = torch.optim.AdamW(m.parameters(), lr=1e-4)
             t0 = time.process_time()
+            schedule = schedule_of(spec, trained)
             distill(m, batches, optimizer, steps=steps, schedule=schedule, reorder=False, progress=False)
             costs.setdefault(spec["name"], []).append((time.process_time() - t0) / steps)
             print(f"{spec['name']}: {costs[spec['name']][-1]:.3f} CPU-s per step", flush=True)

@@ -209,7 +209,7 @@ def distill(
             _reorder(model, batches, reorder_batches, rank, world)
             reordered = True
         if refit_batches:  # every rank fits on the same global batches, so the weights stay equal
-            sample = list(itertools.islice(iter(batches(0) if callable(batches) else batches), refit_batches))
+            sample = _first_batches(batches, refit_batches)
             refit = refit_sliced_linears(model, schedule.resolved(space), sample, weights=schedule.weights)
 
     device = next(model.parameters()).device
@@ -335,6 +335,11 @@ def _rows(batch: Any) -> int | None:
         return batch.shape[0] if batch.dim() else None
     values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
     return next((n for n in (_rows(v) for v in values) if n is not None), None)
+
+
+def _first_batches(batches, count: int) -> list:
+    """The first ``count`` batches of epoch 0 (``batches`` a re-iterable or a function epoch -> iterable)."""
+    return list(itertools.islice(iter(batches(0) if callable(batches) else batches), count))
 
 
 def _teacher_outputs(model, teacher_module, batch, largest, *, train_mode: bool) -> Any:
@@ -470,8 +475,7 @@ def _reorder(model: nn.Module, batches, count: int, rank: int, world: int) -> No
 
     encoder, decoder = family_of(model) is not None, decoder_family_of(model) is not None
     if encoder or decoder:
-        iterable = batches(0) if callable(batches) else batches
-        sample = list(itertools.islice(iter(iterable), count))
+        sample = _first_batches(batches, count)
         if decoder:  # FFN neurons and KV groups (Minitron-style activation importance)
             reorder_decoder(model, sample, score="activation")
         else:  # heads and FFN neurons
