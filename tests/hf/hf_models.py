@@ -17,6 +17,8 @@ transformers = pytest.importorskip("transformers")
 
 HIDDEN, HEADS, LAYERS, FFN = 48, 4, 4, 64
 ATTN_IMPLS = ("eager", "sdpa")
+# Dropout off: a train-mode forward (distillation, the refit) is then deterministic and its losses recomputable.
+NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 def text_config(cls, attn: str, **kw):

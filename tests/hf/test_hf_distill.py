@@ -7,12 +7,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from hf_models import bert, inputs
+from hf_models import NO_DROPOUT, bert, inputs
 
 import subnetact
 from subnetact.train import Fixed, Sandwich, distill, evaluate, sandwich_step, train_supernet
-
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}  # train-mode losses recomputable
 
 
 def encoder(seed: int = 0):

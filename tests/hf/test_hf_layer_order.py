@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_models import bert, inputs
+from hf_models import NO_DROPOUT, bert, inputs
 
 import subnetact
 from subnetact.errors import ConfigError
@@ -18,8 +18,6 @@ from subnetact.train import order_layers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tiny_models import tiny_basic  # noqa: E402
-
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 def encoder(seed: int = 0):

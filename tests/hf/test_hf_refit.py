@@ -8,7 +8,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from hf_models import bert, ffn_for, heads_for, inputs
+from hf_models import NO_DROPOUT, bert, ffn_for, heads_for, inputs
 
 import subnetact
 from subnetact.errors import ArgumentTypeError, ConfigError, InvalidSubnetError, NotConvertedError
@@ -17,7 +17,6 @@ from subnetact.train import Fixed, Sandwich, distill, refit_sliced_linears
 # These tiny samples (about 2 tokens per input feature) draw the small-sample warning; it is tested on SmolLM2.
 pytestmark = pytest.mark.filterwarnings("ignore:refit_sliced_linears:UserWarning")
 
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 FFN_DOWN = "encoder.layer.1.output.dense"
 ATTN_OUT = "encoder.layer.1.attention.output.dense"
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from decoder_models import left_padded
 from decoder_models import make as make_decoder
-from hf_models import bert, inputs
+from hf_models import NO_DROPOUT, bert, inputs
 
 import subnetact
 from subnetact.importance import reorder_channels
@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the tiny
 from tiny_models import tiny_basic  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-NO_DROPOUT = {"hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
 
 
 def on(batch, device: str):
